@@ -1,0 +1,173 @@
+"""Command line: serve · inspect · demo · clean · hook · import."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import sys
+import warnings
+from pathlib import Path
+from typing import Any, get_args, get_origin
+
+import anyio
+
+from gateway.settings import FLAT_KEYS, ConfigError, GatewaySettings, LLMSettings, Settings, load_settings
+
+log = logging.getLogger("gateway")
+COMMANDS = ("serve", "inspect", "demo", "clean", "hook", "import")
+
+
+def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("settings (override the file and CTX_* variables)")
+    models = {"gateway": GatewaySettings, "llm": LLMSettings}
+    for flat, (section, key) in FLAT_KEYS.items():
+        if flat == "ingest_roots":
+            continue
+        field = models[section].model_fields[key]
+        annotation = field.annotation
+        kwargs: dict[str, Any] = {"dest": flat, "default": None, "help": argparse.SUPPRESS}
+        if flat == "ingest_root":
+            kwargs |= {"action": "append", "metavar": "DIR", "help": "doc_ingest may read below DIR (repeatable)"}
+        elif get_origin(annotation) is list:
+            kwargs |= {"type": lambda v: [p.strip() for p in v.split(",") if p.strip()], "metavar": "A,B"}
+        elif get_args(annotation) and all(isinstance(a, str) for a in get_args(annotation)):
+            kwargs |= {"choices": list(get_args(annotation))}
+        elif annotation in (int, float):
+            kwargs |= {"type": annotation}
+        if flat in (
+            "budget",
+            "context_window",
+            "transport",
+            "host",
+            "port",
+            "auth_token",
+            "workspace",
+            "max_response_size",
+            "max_response_tokens",
+            "tool_mode",
+            "plugins",
+            "llm_base_url",
+            "llm_model",
+        ):
+            kwargs["help"] = f"[{section}] {key}"
+        group.add_argument("--" + flat.replace("_", "-"), **kwargs)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mcp-context-gateway",
+        description="One MCP entry that fronts many MCP servers and keeps oversized results out of the context.",
+    )
+    sub = parser.add_subparsers(dest="command")
+    specs = {
+        "serve": "run the gateway for a host (stdio unless --transport http)",
+        "inspect": "start every upstream and print a table; non-zero exit if one fails",
+        "demo": "start the gateway as a host would, call a tool with an oversized result, print what happened",
+        "clean": "remove every offloaded response file",
+        "hook": "PostToolUse / AfterTool hook for Claude Code and Gemini CLI",
+        "import": "print the TOML equivalent of a host mcp.json",
+    }
+    for name, help_text in specs.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == "import":
+            p.add_argument("file", type=Path, help='a host mcp.json ({"mcpServers": {...}})')
+            continue
+        if name == "hook":
+            p.add_argument("--statusline", action="store_true", help="write the bridge file from statusline JSON")
+            continue
+        p.add_argument("--config", "-c", help="gateway TOML or host mcp.json (absolute path); env CTX_CONFIG")
+        p.add_argument("--verbose", "-v", action="store_true", help="log at INFO level to stderr")
+        _add_setting_flags(p)
+    return parser
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    overrides = {flat: getattr(args, flat, None) for flat in FLAT_KEYS if hasattr(args, flat)}
+    return load_settings(args.config, overrides)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in (*COMMANDS, "-h", "--help"):
+        argv.insert(0, "serve")
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    from mcp import MCPDeprecationWarning
+
+    warnings.filterwarnings("ignore", category=MCPDeprecationWarning)
+    try:
+        if args.command == "import":
+            return cmd_import(args.file)
+        if args.command == "hook":
+            from gateway.hook import run_hook
+
+            return run_hook(statusline=args.statusline)
+        settings = _settings(args)
+        if args.command == "inspect":
+            return anyio.run(cmd_inspect, settings)
+        if args.command == "demo":
+            from gateway.demo import run_demo
+
+            return anyio.run(run_demo, settings)
+        if args.command == "clean":
+            return cmd_clean(settings)
+        return cmd_serve(settings)
+    except ConfigError as exc:
+        print(f"mcp-context-gateway: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def cmd_serve(settings: Settings) -> int:
+    from gateway.server import Gateway
+    from gateway.transport import serve_http, serve_stdio
+
+    gateway = Gateway(settings)
+    serve = serve_http if settings.gateway.transport == "http" else serve_stdio
+    anyio.run(serve, gateway)
+    return 0
+
+
+def cmd_clean(settings: Settings) -> int:
+    folder = settings.gateway.responses_dir
+    count = 0
+    if folder.is_dir():
+        for item in folder.iterdir():
+            if item.is_dir():
+                shutil.rmtree(item, ignore_errors=True)
+            else:
+                item.unlink(missing_ok=True)
+            count += 1
+    print(f"removed {count} files from {folder}")
+    return 0
+
+
+def cmd_import(path: Path) -> int:
+    from gateway.settings import read_config_file, to_toml
+
+    if path.suffix.lower() != ".json":
+        print(f"mcp-context-gateway: {path} is not a .json file", file=sys.stderr)
+        return 2
+    data = read_config_file(path)
+    print("# converted from", path)
+    print(to_toml(data["servers"]))
+    return 0
+
+
+async def cmd_inspect(settings: Settings) -> int:
+    from gateway.inspect import inspect_report
+
+    report, ok = await inspect_report(settings)
+    print(report)
+    return 0 if ok else 1
+
+
+def dump_json(data: Any) -> str:
+    return json.dumps(data, ensure_ascii=False, indent=2)

@@ -1,0 +1,51 @@
+"""`inspect`: start every upstream, report state and what the host would receive."""
+
+from __future__ import annotations
+
+import json
+
+from gateway.catalog import tool_wire
+from gateway.server import Gateway
+from gateway.settings import Settings
+from gateway.tokens import estimate_tokens
+
+
+def definition_tokens(tools: list) -> int:
+    return sum(estimate_tokens(json.dumps(tool_wire(t), ensure_ascii=False)) for t in tools)
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+async def inspect_report(settings: Settings) -> tuple[str, bool]:
+    gateway = Gateway(settings)
+    async with gateway.running():
+        await gateway.wait_ready()
+        by_server = gateway.catalog.definitions_by_server()
+        rows = [["server", "transport", "state", "tools", "def. tokens"]]
+        ok = True
+        for name, up in gateway.upstreams.items():
+            state = up.state if up.state == "ok" else f"{up.state}: {up.error or 'no answer yet'}"
+            ok = ok and up.state == "ok"
+            rows.append([name, up.transport, state, str(len(by_server[name])), str(definition_tokens(by_server[name]))])
+        own = [spec.tool for spec in gateway.own_tools.values()]
+        rows.append(["(gateway)", "-", "ok", str(len(own)), str(definition_tokens(own))])
+        listed = await gateway.listed_tools("inspect")
+        lines = [
+            _table(rows),
+            "",
+            f"host receives {len(listed)} tools, ~{definition_tokens(listed)} tokens of definitions",
+        ]
+        for line in gateway.catalog.collisions:
+            ok = False
+            lines.append(f"collision: {line}")
+        for figures in gateway.pipeline.status("inspect").items():
+            lines.append(f"{figures[0]}: " + ", ".join(f"{k}={v}" for k, v in figures[1].items()))
+        for name, up in gateway.upstreams.items():
+            if up.state != "ok" and up.transport == "stdio":
+                lines.append(f"{name}: see {up.log_path} for its stderr")
+    return "\n".join(lines), ok

@@ -1,0 +1,304 @@
+"""The front MCP server the host talks to: routes calls to upstreams or to plugin tools."""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import mcp_types as types
+from mcp import MCPError
+from mcp.server import NotificationOptions, Server, ServerRequestContext
+from mcp.server.session import ServerSession
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
+from mcp.shared.subscriptions import PromptsListChanged, ResourcesListChanged, ToolsListChanged
+
+from gateway.catalog import URI_SEP, Catalog
+from gateway.llm import LLMClient
+from gateway.plugin import GatewayContext, Pipeline, Plugin, PluginTool, ToolCall, load_plugins
+from gateway.results import error_result
+from gateway.settings import Settings
+from gateway.upstream import Upstream
+
+log = logging.getLogger("gateway.server")
+
+PAGE_SIZE = 100
+MAX_HOSTS = 64  # host connections remembered for list_changed pushes
+READY_WAIT_CAP = 90.0  # longest a first tools/list waits for slow upstreams to come up
+
+
+class GatewayServer(Server[Any]):
+    """Advertises `listChanged` on every transport (the HTTP manager passes no options)."""
+
+    def create_initialization_options(
+        self,
+        notification_options: NotificationOptions | None = None,
+        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+    ) -> Any:
+        return super().create_initialization_options(
+            notification_options
+            or NotificationOptions(tools_changed=True, resources_changed=True, prompts_changed=True),
+            experimental_capabilities,
+            extensions,
+        )
+
+
+def session_id_of(ctx: ServerRequestContext[Any]) -> str:
+    """The host connection a request came from: the HTTP session id, else one stdio host."""
+    request = ctx.request
+    if request is not None:
+        sid = request.headers.get("mcp-session-id")
+        if sid:
+            return sid
+        return "http"
+    return "stdio"
+
+
+def forwardable_meta(meta: Any) -> dict[str, Any]:
+    """The host's `_meta` minus what belongs to the host's own connection: its progress token
+    (the SDK sets its own) and the 2026 envelope keys (the upstream session speaks its own era)."""
+    return {
+        k: v
+        for k, v in dict(meta or {}).items()
+        if k not in ("progress_token", "progressToken") and not k.startswith("io.modelcontextprotocol/")
+    }
+
+
+def _page(items: Sequence[Any], cursor: str | None) -> tuple[list[Any], str | None]:
+    try:
+        start = int(cursor or 0)
+    except ValueError:
+        raise MCPError(types.INVALID_PARAMS, f"invalid cursor {cursor!r}; list again without a cursor") from None
+    if start < 0 or start > len(items):
+        raise MCPError(types.INVALID_PARAMS, f"cursor {cursor!r} is out of range; list again without a cursor")
+    end = start + PAGE_SIZE
+    return list(items[start:end]), (str(end) if end < len(items) else None)
+
+
+class Gateway:
+    """Upstreams + catalog + plugin pipeline + the front `Server`."""
+
+    def __init__(self, settings: Settings, plugins: Sequence[Plugin] | None = None):
+        self.settings = settings
+        workspace = settings.gateway.workspace
+        self.upstreams = {
+            name: Upstream(name, cfg, workspace / "logs", on_change=self._upstream_changed)
+            for name, cfg in settings.enabled_servers.items()
+        }
+        self.pipeline = Pipeline(load_plugins(settings.gateway.plugins) if plugins is None else plugins)
+        self.own_tools: dict[str, PluginTool] = self.pipeline.tools()
+        self.catalog = Catalog(settings, self.upstreams, reserved=set(self.own_tools))
+        self.llm = LLMClient(settings.llm, workspace)
+        self.context = GatewayContext(settings=settings, catalog=self.catalog, llm=self.llm)
+        self.hosts: OrderedDict[str, ServerSession] = OrderedDict()
+        self.bus = InMemorySubscriptionBus()
+        self._listed: tuple[Any, ...] = ()
+        self.server = self._build_server()
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[Gateway]:
+        """Start every upstream owner task and the plugins; stop them all (concurrently) on exit."""
+        async with anyio.create_task_group() as tg:
+            for upstream in self.upstreams.values():
+                tg.start_soon(upstream.run, name=f"upstream:{upstream.name}")
+            try:
+                await self.pipeline.start(self.context)
+                yield self
+            finally:
+                for upstream in self.upstreams.values():
+                    upstream.stop()
+                with anyio.CancelScope(shield=True):
+                    await self.pipeline.stop()
+                    await self.llm.aclose()
+
+    async def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop every upstream (their process groups) and the plugins, without waiting on the host."""
+        for upstream in self.upstreams.values():
+            upstream.stop()
+        with anyio.move_on_after(timeout):
+            for upstream in self.upstreams.values():
+                await upstream.finished.wait()
+        await self.pipeline.stop()
+
+    async def wait_ready(self, timeout: float | None = None) -> None:
+        """Wait until every upstream finished its first start attempt (bounded)."""
+        if timeout is None:
+            timeout = min(
+                READY_WAIT_CAP, max((u.config.init_timeout_seconds for u in self.upstreams.values()), default=0) + 1
+            )
+        with anyio.move_on_after(timeout):
+            for upstream in self.upstreams.values():
+                await upstream.ready.wait()
+
+    # -- change propagation ---------------------------------------------------------------
+
+    def _remember_host(self, ctx: ServerRequestContext[Any]) -> str:
+        sid = session_id_of(ctx)
+        self.hosts[sid] = ctx.session
+        self.hosts.move_to_end(sid)
+        while len(self.hosts) > MAX_HOSTS:
+            self.hosts.popitem(last=False)
+        return sid
+
+    def _snapshot(self) -> tuple[Any, ...]:
+        return (
+            tuple((n, t.model_dump_json()) for n, t in self.catalog.tools.items()),
+            tuple(r.uri for r in self.catalog.resources()),
+            tuple(t.uri_template for t in self.catalog.resource_templates()),
+            tuple(self.catalog.prompts),
+        )
+
+    async def _upstream_changed(self, upstream: Upstream) -> None:
+        before = self._listed or self._snapshot()
+        self.catalog.rebuild()
+        after = self._snapshot()
+        self._listed = after
+        if before[0] != after[0]:
+            await self._broadcast("tools")
+        if before[1:3] != after[1:3]:
+            await self._broadcast("resources")
+        if before[3] != after[3]:
+            await self._broadcast("prompts")
+
+    async def _broadcast(self, what: str) -> None:
+        event = {"tools": ToolsListChanged, "resources": ResourcesListChanged, "prompts": PromptsListChanged}[what]
+        try:
+            await self.bus.publish(event())
+        except Exception:
+            log.exception("publishing %s change to 2026-era hosts failed", what)
+        for sid, session in list(self.hosts.items()):
+            try:
+                await getattr(session, f"send_{what[:-1]}_list_changed")()
+            except Exception as exc:  # a host that went away
+                log.debug("dropping host %s: %s", sid, exc)
+                self.hosts.pop(sid, None)
+
+    # -- the front server -----------------------------------------------------------------
+
+    def instructions(self) -> str:
+        names = ", ".join(self.upstreams) or "no servers"
+        return (
+            f"mcp-context-gateway fronts these MCP servers: {names}. Their tools are named "
+            f"<server>{self.settings.gateway.separator}<tool>. "
+            "Large results are saved to files and replaced by a fileRef; call context_guide for the workflow."
+            if self.own_tools
+            else f"mcp-context-gateway fronts these MCP servers: {names}."
+        )
+
+    def _build_server(self) -> GatewayServer:
+        return GatewayServer(
+            "mcp-context-gateway",
+            version="0.1.0",
+            instructions=self.instructions(),
+            on_list_tools=self._list_tools,
+            on_call_tool=self._call_tool,
+            on_list_resources=self._list_resources,
+            on_list_resource_templates=self._list_resource_templates,
+            on_read_resource=self._read_resource,
+            on_list_prompts=self._list_prompts,
+            on_get_prompt=self._get_prompt,
+            on_subscriptions_listen=ListenHandler(self.bus),
+        )
+
+    def visible_tools(self) -> list[types.Tool]:
+        """What the host is shown: the gateway's own tools, then every upstream tool."""
+        return [spec.tool for spec in self.own_tools.values()] + list(self.catalog.tools.values())
+
+    async def listed_tools(self, session_id: str) -> list[types.Tool]:
+        return await self.pipeline.on_tools_listed(self.visible_tools(), session_id)
+
+    async def _list_tools(self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
+        sid = self._remember_host(ctx)
+        await self.wait_ready()
+        tools, cursor = _page(await self.listed_tools(sid), params.cursor if params else None)
+        return types.ListToolsResult(tools=tools, next_cursor=cursor)
+
+    async def _call_tool(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> Any:
+        sid = self._remember_host(ctx)
+        arguments = params.arguments if isinstance(params.arguments, dict) else {}
+        call = ToolCall(
+            name=params.name, arguments=arguments, session_id=sid, report_progress=ctx.session.report_progress
+        )
+        meta = forwardable_meta(params.meta)
+        try:
+            result = await self.call(call, meta)
+        except Exception as exc:
+            log.exception("tool %s failed inside the gateway", params.name)
+            result = error_result(
+                f"The gateway failed while handling '{params.name}': {exc}. This is a bug; "
+                "the gateway keeps serving. Try again or use another tool."
+            )
+        return await self.pipeline.on_tool_result(call, result)
+
+    async def call(self, call: ToolCall, meta: dict[str, Any] | None = None) -> types.CallToolResult:
+        """Run a tool by its host-facing name (own tool or upstream); fills in `call.server`/`call.tool`."""
+        spec = self.own_tools.get(call.name)
+        if spec is not None:
+            return await spec.handler(call)
+        route = self.catalog.tool_routes.get(call.name)
+        if route is None:
+            if not self.catalog.tools and any(u.state == "starting" for u in self.upstreams.values()):
+                await self.wait_ready()
+                route = self.catalog.tool_routes.get(call.name)
+            if route is None:
+                return error_result(self._unknown_tool(call.name))
+        call.server, call.tool = route.server, route.name
+        upstream = self.catalog.upstream_for(route)
+        return await upstream.call_tool(route.name, call.arguments, meta, call.report_progress)
+
+    def _unknown_tool(self, name: str) -> str:
+        server, sep, _ = name.partition(self.settings.gateway.separator)
+        if sep and server in self.upstreams and self.upstreams[server].state != "ok":
+            return self.upstreams[server].unavailable()
+        return f"Unknown tool '{name}'. List the tools again (the upstream set may have changed)."
+
+    async def _list_resources(self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
+        self._remember_host(ctx)
+        await self.wait_ready()
+        items, cursor = _page(self.catalog.resources(), params.cursor if params else None)
+        return types.ListResourcesResult(resources=items, next_cursor=cursor)
+
+    async def _list_resource_templates(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> Any:
+        await self.wait_ready()
+        items, cursor = _page(self.catalog.resource_templates(), params.cursor if params else None)
+        return types.ListResourceTemplatesResult(resource_templates=items, next_cursor=cursor)
+
+    async def _read_resource(self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams) -> Any:
+        route = self.catalog.resource_route(params.uri)
+        if route is None:
+            raise MCPError(
+                types.INVALID_PARAMS,
+                f"Unknown resource {params.uri!r}: gateway resource URIs look like '<server>{URI_SEP}<uri>'; "
+                "list resources to see them.",
+            )
+        upstream = self.catalog.upstream_for(route)
+        result = await upstream.request(
+            types.ReadResourceRequest(params=types.ReadResourceRequestParams(uri=route.name)),
+            types.ReadResourceResult,
+            f"resources/read {route.name}",
+        )
+        contents = [c.model_copy(update={"uri": f"{route.server}{URI_SEP}{c.uri}"}) for c in result.contents]
+        return result.model_copy(update={"contents": contents})
+
+    async def _list_prompts(self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
+        await self.wait_ready()
+        items, cursor = _page(list(self.catalog.prompts.values()), params.cursor if params else None)
+        return types.ListPromptsResult(prompts=items, next_cursor=cursor)
+
+    async def _get_prompt(self, ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams) -> Any:
+        route = self.catalog.prompt_routes.get(params.name)
+        if route is None:
+            raise MCPError(types.INVALID_PARAMS, f"Unknown prompt {params.name!r}; list prompts to see them.")
+        return await self.catalog.upstream_for(route).request(
+            types.GetPromptRequest(params=types.GetPromptRequestParams(name=route.name, arguments=params.arguments)),
+            types.GetPromptResult,
+            f"prompts/get {route.name}",
+        )

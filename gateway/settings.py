@@ -1,0 +1,361 @@
+"""One settings model: TOML file (or a host `mcp.json`), `CTX_*` environment, command line.
+
+Precedence: command line > environment > file > defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+SERVER_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]|_(?!_))*$")
+MIN_RESPONSE_SIZE = 256
+MAX_RESPONSE_SIZE = 10 * 1024 * 1024
+LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
+
+
+class ConfigError(Exception):
+    """A settings problem the user must fix; the message says what and how."""
+
+
+def default_workspace() -> Path:
+    if sys.platform == "win32":
+        base = Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local")
+    elif sys.platform == "darwin":
+        base = Path.home() / "Library" / "Application Support"
+    else:
+        base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
+    return base / "mcp-context-gateway"
+
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def expand_vars(value: str) -> str:
+    """Expand `${VAR}` from the environment; `${PYTHON}` is the interpreter running the gateway."""
+
+    def sub(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name == "PYTHON" and "PYTHON" not in os.environ:
+            return sys.executable
+        if name not in os.environ:
+            raise ConfigError(f"${{{name}}} is used in the config but the environment variable {name} is not set")
+        return os.environ[name]
+
+    return _VAR.sub(sub, value)
+
+
+class ToolFilter(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include: list[str] = Field(default_factory=list)
+    exclude: list[str] = Field(default_factory=list)
+
+    def allows(self, name: str) -> bool:
+        if self.include and name not in self.include:
+            return False
+        return name not in self.exclude
+
+
+class ServerConfig(BaseModel):
+    """One upstream: stdio (`command`) or Streamable HTTP (`url`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    command: str = ""
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str = ""
+    url: str = ""
+    headers: dict[str, str] = Field(default_factory=dict)
+    max_response_size: int | None = None
+    max_response_tokens: int | None = None
+    timeout_seconds: float = 60.0
+    init_timeout_seconds: float = 60.0
+    ping_seconds: float = 30.0  # liveness check; an upstream that does not answer is restarted
+    tools: ToolFilter = Field(default_factory=ToolFilter)
+    prefix: bool = True
+    tool_mode: Literal["direct", "catalog", "auto"] | None = None
+    pin: bool = False
+    enabled: bool = True
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> ServerConfig:
+        if bool(self.command) == bool(self.url):
+            raise ValueError("give either `command` (stdio) or `url` (Streamable HTTP), not both and not neither")
+        if self.max_response_size is not None:
+            _check_response_size(self.max_response_size)
+        if self.timeout_seconds <= 0 or self.init_timeout_seconds <= 0:
+            raise ValueError("timeout_seconds and init_timeout_seconds must be positive")
+        return self
+
+    @property
+    def transport(self) -> str:
+        return "stdio" if self.command else "http"
+
+    def expanded(self) -> ServerConfig:
+        """A copy with `${VAR}` expanded in command, args, env, cwd, url and headers."""
+        return self.model_copy(
+            update={
+                "command": expand_vars(self.command),
+                "args": [expand_vars(a) for a in self.args],
+                "env": {k: expand_vars(v) for k, v in self.env.items()},
+                "cwd": expand_vars(self.cwd),
+                "url": expand_vars(self.url),
+                "headers": {k: expand_vars(v) for k, v in self.headers.items()},
+            }
+        )
+
+
+def _check_response_size(value: int) -> int:
+    if not MIN_RESPONSE_SIZE <= value <= MAX_RESPONSE_SIZE:
+        raise ValueError(
+            f"max_response_size must be between {MIN_RESPONSE_SIZE} and {MAX_RESPONSE_SIZE} bytes, got {value}"
+        )
+    return value
+
+
+class GatewaySettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    workspace: Path = Field(default_factory=default_workspace)
+    budget: int = 0
+    context_window: int = 0
+    max_response_size: int = 1048576
+    max_response_tokens: int = 0
+    response_ttl_hours: float = 48
+    ingest_roots: list[Path] = Field(default_factory=list)
+    separator: str = "__"
+    plugins: list[str] = Field(default_factory=lambda: ["offload", "memory", "documents", "monitor"])
+    tool_mode: Literal["direct", "catalog", "auto"] = "direct"
+    transport: Literal["stdio", "http"] = "stdio"
+    host: str = "127.0.0.1"
+    port: int = 8808
+    auth_token: str = ""
+
+    @field_validator("workspace", mode="before")
+    @classmethod
+    def _expand_workspace(cls, value: Any) -> Any:
+        return Path(os.path.expanduser(expand_vars(str(value)))) if value else default_workspace()
+
+    @field_validator("ingest_roots", mode="before")
+    @classmethod
+    def _split_roots(cls, value: Any) -> Any:
+        if isinstance(value, str):  # CTX_INGEST_ROOTS="a:b" (os.pathsep) or a JSON list
+            value = json.loads(value) if value.startswith("[") else [v for v in value.split(os.pathsep) if v]
+        return [Path(os.path.expanduser(str(v))) for v in value]
+
+    @field_validator("max_response_size")
+    @classmethod
+    def _size_range(cls, value: int) -> int:
+        return _check_response_size(value)
+
+    @field_validator("separator")
+    @classmethod
+    def _separator_chars(cls, value: str) -> str:
+        if not value or not re.fullmatch(r"[A-Za-z0-9_-]+", value):
+            raise ValueError("separator must be one or more of A-Z a-z 0-9 _ - (hosts reject other characters)")
+        return value
+
+    @model_validator(mode="after")
+    def _auth_off_loopback(self) -> GatewaySettings:
+        if self.transport == "http" and self.host not in LOOPBACK_HOSTS and not self.auth_token:
+            raise ValueError(
+                f"host {self.host!r} is not a loopback address: set auth_token (or CTX_AUTH_TOKEN) so that "
+                "every request needs `Authorization: Bearer <token>`, or bind 127.0.0.1"
+            )
+        return self
+
+    @property
+    def responses_dir(self) -> Path:
+        """Where oversized results are written (`clean` empties it)."""
+        return self.workspace / "responses"
+
+    @property
+    def effective_window(self) -> int:
+        """The window when nothing is discovered: the setting, else 2 x budget."""
+        return self.context_window or 2 * (self.budget or 4000)
+
+
+class LLMSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    base_url: str = "http://localhost:1234/v1"
+    model: str = ""
+    api_key: str = ""
+    timeout_seconds: float = 120
+
+
+# Flat environment/CLI names -> (section, key). `CTX_BUDGET` and `--budget` set gateway.budget.
+FLAT_KEYS: dict[str, tuple[str, str]] = {k: ("gateway", k) for k in GatewaySettings.model_fields} | {
+    f"llm_{k}": ("llm", k) for k in LLMSettings.model_fields
+}
+FLAT_KEYS["ingest_root"] = ("gateway", "ingest_roots")
+
+
+class Settings(BaseSettings):
+    """Everything the gateway reads. Build it with `load_settings`."""
+
+    model_config = SettingsConfigDict(extra="forbid")
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings)
+    llm: LLMSettings = Field(default_factory=LLMSettings)
+    servers: dict[str, ServerConfig] = Field(default_factory=dict)
+    config_path: Path | None = None
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource, *args: Any, **kwargs: Any
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # load_settings merges file, environment and command line itself (flat CTX_* names need mapping).
+        return (init_settings,)
+
+    @field_validator("servers")
+    @classmethod
+    def _server_names(cls, value: dict[str, ServerConfig]) -> dict[str, ServerConfig]:
+        for name in value:
+            if not SERVER_NAME.match(name) or len(name) > 32:
+                raise ValueError(
+                    f"server name {name!r}: use letters, digits, '-' and single '_' (at most 32 characters)"
+                )
+        return value
+
+    @property
+    def enabled_servers(self) -> dict[str, ServerConfig]:
+        return {n: s for n, s in self.servers.items() if s.enabled}
+
+    def limit_for(self, server: str | None, key: Literal["max_response_size", "max_response_tokens"]) -> int:
+        cfg = self.servers.get(server) if server else None
+        value = getattr(cfg, key, None) if cfg else None
+        return value if value is not None else getattr(self.gateway, key)
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """A gateway TOML file, or a host `mcp.json` (`{"mcpServers": {...}}`), as a settings dict."""
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist (pass --config with an absolute path)")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix.lower() == ".json" or text.lstrip().startswith("{"):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path} is not valid JSON: {exc}") from None
+        return {"servers": servers_from_mcp_json(data)}
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+
+
+def servers_from_mcp_json(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Host `mcp.json` server entries (Claude Desktop, LM Studio, Cursor) as `[servers.*]` tables."""
+    entries = data.get("mcpServers", data.get("servers"))
+    if not isinstance(entries, dict):
+        raise ConfigError('a JSON config needs an object "mcpServers": {"name": {"command": ..., "args": [...]}}')
+    servers: dict[str, dict[str, Any]] = {}
+    for raw_name, entry in entries.items():
+        name = re.sub(r"_+", "_", re.sub(r"[^A-Za-z0-9_-]", "-", raw_name)).strip("-_")[:32] or "server"
+        out: dict[str, Any] = {}
+        if entry.get("command"):
+            out["command"] = entry["command"]
+            for key in ("args", "env", "cwd"):
+                if entry.get(key):
+                    out[key] = entry[key]
+        elif entry.get("url") or entry.get("serverUrl"):
+            out["url"] = entry.get("url") or entry.get("serverUrl")
+            if entry.get("headers"):
+                out["headers"] = entry["headers"]
+        else:
+            raise ConfigError(f"mcp.json server {raw_name!r} has neither `command` nor `url`")
+        if entry.get("disabled"):
+            out["enabled"] = False
+        servers[name] = out
+    return servers
+
+
+def _env_overrides(environ: dict[str, str]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for flat, (section, key) in FLAT_KEYS.items():
+        value = environ.get(f"CTX_{flat.upper()}")
+        if value is not None:
+            if key == "plugins":
+                value = json.loads(value) if value.startswith("[") else [p for p in value.split(",") if p.strip()]
+            out.setdefault(section, {})[key] = value
+    return out
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in over.items():
+        merged[key] = (
+            _merge(merged[key], value) if isinstance(value, dict) and isinstance(merged.get(key), dict) else value
+        )
+    return merged
+
+
+def load_settings(
+    config: str | Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    environ: dict[str, str] | None = None,
+) -> Settings:
+    """Build settings from the file, `CTX_*` variables and flat command-line overrides (`{"budget": 4000}`)."""
+    environ = dict(os.environ if environ is None else environ)
+    config = config or environ.get("CTX_CONFIG") or None
+    data: dict[str, Any] = {}
+    path: Path | None = None
+    if config:
+        path = Path(os.path.expanduser(str(config))).resolve()
+        data = read_config_file(path)
+    data = _merge(data, _env_overrides(environ))
+    cli: dict[str, dict[str, Any]] = {}
+    for flat, value in (overrides or {}).items():
+        if value is None:
+            continue
+        section, key = FLAT_KEYS[flat]
+        if key == "ingest_roots" and section == "gateway":
+            value = list(cli.get("gateway", {}).get("ingest_roots", [])) + list(value)
+        cli.setdefault(section, {})[key] = value
+    data = _merge(data, cli)
+    data["config_path"] = path
+    try:
+        return Settings(**data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, path)) from None
+
+
+def format_validation_error(exc: ValidationError, path: Path | None) -> str:
+    where = f" in {path}" if path else ""
+    lines = [f"invalid settings{where}:"]
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        lines.append(f"  {loc}: {msg}")
+    return "\n".join(lines)
+
+
+def to_toml(servers: dict[str, dict[str, Any]]) -> str:
+    """Render `[servers.*]` tables (for `import`)."""
+    out: list[str] = []
+    for name, cfg in servers.items():
+        out.append(f"[servers.{name}]")
+        for key, value in cfg.items():
+            out.append(f"{key} = {_toml_value(value)}")
+        out.append("")
+    return "\n".join(out)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    raise TypeError(f"cannot write {type(value).__name__} as TOML")

@@ -1,0 +1,143 @@
+"""A stdio client transport for upstreams that reads in linear time.
+
+The SDK's `stdio_client` re-splits its whole buffer for every 64 KB chunk, so a 67 MB
+JSON-RPC line costs minutes (mcp-sdk-2.3.md, pitfall 13). This one keeps a bytearray and
+searches only the bytes that arrived since the last search. It yields the same
+`(read, write)` memory-stream pair, so `ClientSession` is unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager, suppress
+from typing import IO
+
+import anyio
+import mcp_types as types
+from anyio.abc import Process
+from mcp.client.stdio import get_default_environment
+from mcp.shared.message import SessionMessage
+
+log = logging.getLogger(__name__)
+
+TERMINATION_GRACE = 2.0  # after stdin closes, before SIGTERM to the process group
+KILL_GRACE = 2.0  # after SIGTERM, before SIGKILL
+READ_CHUNK = 1 << 20
+
+
+def _parse(line: bytes | bytearray) -> SessionMessage | Exception:
+    try:
+        return SessionMessage(types.jsonrpc_message_adapter.validate_json(line, by_name=False))
+    except ValueError as exc:
+        preview = bytes(line[:120]).decode("utf-8", "replace")
+        log.warning("upstream wrote a line that is not JSON-RPC: %r", preview)
+        return exc
+
+
+async def _spawn(command: str, args: list[str], env: dict[str, str], cwd: str | None, errlog: IO[bytes]) -> Process:
+    if sys.platform == "win32":  # pragma: no cover - Job Objects keep the tree together on Windows
+        from mcp.os.win32.utilities import create_windows_process, get_windows_executable_command
+
+        command = get_windows_executable_command(command)
+        return await create_windows_process(command, args, env, errlog, cwd)  # type: ignore[return-value]
+    # stdin is a fresh pipe: the child never inherits the gateway's own stdin (the host's protocol pipe).
+    return await anyio.open_process(
+        [command, *args], env=env, cwd=cwd, stdin=subprocess.PIPE, stderr=errlog, start_new_session=True
+    )
+
+
+async def _stop(process: Process) -> None:
+    """Close stdin, wait, SIGTERM the process group, wait, SIGKILL. Shielded and bounded."""
+    with anyio.CancelScope(shield=True):
+        if process.stdin is not None:
+            with suppress(Exception):
+                await process.stdin.aclose()
+        with anyio.move_on_after(TERMINATION_GRACE):
+            while process.returncode is None:
+                await anyio.sleep(0.01)
+        if process.returncode is None:
+            if sys.platform == "win32":  # pragma: no cover
+                from mcp.os.win32.utilities import terminate_windows_process_tree
+
+                await terminate_windows_process_tree(process)  # type: ignore[arg-type]
+            else:
+                from mcp.os.posix.utilities import terminate_posix_process_tree
+
+                await terminate_posix_process_tree(process, KILL_GRACE)
+        with anyio.move_on_after(KILL_GRACE):
+            while process.returncode is None:
+                await anyio.sleep(0.01)
+        with suppress(Exception):
+            await process.aclose()
+
+
+@asynccontextmanager
+async def linear_stdio_client(
+    command: str,
+    args: list[str],
+    env: dict[str, str] | None,
+    cwd: str | None,
+    errlog: IO[bytes],
+    on_exit: Callable[[], None] | None = None,
+) -> AsyncIterator[tuple[anyio.abc.ObjectReceiveStream, anyio.abc.ObjectSendStream]]:
+    """Start `command` and yield `(read, write)` streams for `ClientSession`.
+
+    `on_exit` is called when the child's stdout ends (the child died or closed it), so the
+    owner can reconnect instead of waiting for a call to fail.
+    """
+    process = await _spawn(command, args, get_default_environment() | (env or {}), cwd or None, errlog)
+    read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](16)
+    write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](16)
+
+    async def reader() -> None:
+        assert process.stdout is not None
+        buffer = bytearray()
+        try:
+            async with read_send:
+                while True:
+                    try:
+                        chunk = await process.stdout.receive(READ_CHUNK)
+                    except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+                        break
+                    start = len(buffer)
+                    buffer += chunk
+                    newline = buffer.find(b"\n", start)
+                    if newline < 0:
+                        continue
+                    begin = 0
+                    while newline >= 0:
+                        line = buffer[begin:newline]
+                        if line.strip():
+                            await read_send.send(_parse(line))
+                        begin = newline + 1
+                        newline = buffer.find(b"\n", begin)
+                    del buffer[:begin]
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass
+        finally:
+            if on_exit is not None:
+                on_exit()
+
+    async def writer() -> None:
+        assert process.stdin is not None
+        try:
+            async with write_recv:
+                async for message in write_recv:
+                    data = message.message.model_dump_json(by_alias=True, exclude_unset=True)
+                    await process.stdin.send(data.encode("utf-8") + b"\n")
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            await read_send.aclose()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(reader)
+        tg.start_soon(writer)
+        try:
+            yield read_recv, write_send
+        finally:
+            with anyio.CancelScope(shield=True):
+                await write_send.aclose()
+                await _stop(process)
+            tg.cancel_scope.cancel()

@@ -1,0 +1,92 @@
+"""Shared test helpers: real upstream processes, a gateway in-process or as a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+import pytest
+from mcp import ClientSession
+from mcp.shared.memory import create_client_server_memory_streams
+
+from gateway.server import Gateway
+from gateway.settings import Settings, load_settings, to_toml
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+PROBE = str(Path(__file__).parent / "servers" / "probe_server.py")
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def probe(name: str = "probe", *extra: str, **cfg: Any) -> dict[str, Any]:
+    """A `[servers.X]` table that starts the probe server over stdio."""
+    return {"command": PY, "args": [PROBE, "--name", name, *extra], **cfg}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_config(tmp_path: Path, servers: dict[str, dict[str, Any]], **gateway: Any) -> Path:
+    gateway.setdefault("workspace", str(tmp_path / "ws"))
+    gateway.setdefault("plugins", [])
+    lines = ["[gateway]"] + [f"{k} = {json.dumps(v)}" for k, v in gateway.items()] + [""]
+    path = tmp_path / "gateway.toml"
+    path.write_text("\n".join(lines) + to_toml(servers), encoding="utf-8")
+    return path
+
+
+def make_settings(tmp_path: Path, servers: dict[str, dict[str, Any]], **gateway: Any) -> Settings:
+    return load_settings(write_config(tmp_path, servers, **gateway), environ={})
+
+
+class Notes:
+    """Collects what the gateway pushes to the host."""
+
+    def __init__(self) -> None:
+        self.messages: list[Any] = []
+        self.changed = anyio.Event()
+
+    async def __call__(self, message: Any) -> None:
+        self.messages.append(message)
+        if isinstance(message, types.ToolListChangedNotification):
+            self.changed.set()
+
+
+@asynccontextmanager
+async def inproc(
+    settings: Settings, notes: Notes | None = None, plugins: Any = None
+) -> AsyncIterator[tuple[Gateway, ClientSession]]:
+    """The gateway's front server in this process, over memory streams; upstreams are real processes."""
+    gateway = Gateway(settings, plugins=plugins)
+    async with gateway.running(), create_client_server_memory_streams() as (client_streams, server_streams):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(gateway.server.run, *server_streams, gateway.server.create_initialization_options())
+            async with ClientSession(*client_streams, message_handler=notes) as session:
+                await session.initialize()
+                yield gateway, session
+            tg.cancel_scope.cancel()
+
+
+def gateway_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CTX_")}
+    env.update(extra)
+    return env
+
+
+def text_of(result: types.CallToolResult) -> str:
+    return "\n".join(b.text for b in result.content if isinstance(b, types.TextContent))

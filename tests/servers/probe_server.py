@@ -1,0 +1,217 @@
+"""A small real MCP server for the tests, written with the SDK's low-level Server.
+
+    python probe_server.py [--name NAME] [--http PORT] [--fail-start] [--extra-tools N]
+
+Tools cover what a gateway must forward: text, structured content with an output schema,
+images, multi-block and error results, progress, slow and hanging calls, a crash, a
+tools/list_changed, and results of any size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import anyio
+import mcp_types as types
+from mcp.server import Server, ServerRequestContext
+
+PNG_1PX = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+
+
+def _tool(name: str, description: str, props: dict[str, Any] | None = None, **extra: Any) -> types.Tool:
+    schema = {"type": "object", "properties": props or {}}
+    return types.Tool(name=name, description=description, input_schema=schema, **extra)
+
+
+def build(name: str, extra_tools: int) -> Server[Any]:
+    added: list[types.Tool] = []
+    state = {"cancelled_marker": os.environ.get("PROBE_CANCEL_MARKER", "")}
+
+    base_tools = [
+        _tool("echo", "Echo the text back.", {"text": {"type": "string"}}),
+        _tool(
+            "add",
+            "Add two numbers; structured result.",
+            {"a": {"type": "number"}, "b": {"type": "number"}},
+            output_schema={"type": "object", "properties": {"sum": {"type": "number"}}, "required": ["sum"]},
+        ),
+        _tool("big", "Return a large result.", {"size": {"type": "integer"}, "kind": {"type": "string"}}),
+        _tool("image", "Return a tiny PNG image."),
+        _tool("multi", "Return several content blocks."),
+        _tool("fail", "Return an error result."),
+        _tool("progress", "Report progress then finish.", {"steps": {"type": "integer"}, "delay": {"type": "number"}}),
+        _tool("slow", "Sleep for the given seconds.", {"seconds": {"type": "number"}}),
+        _tool("hang", "Block the whole server (never answers again)."),
+        _tool("crash", "Exit the process at once."),
+        _tool("grow", "Add a tool named `grown` and announce tools/list_changed."),
+        _tool("env", "Return an environment variable.", {"name": {"type": "string"}}),
+        _tool("whoami", "Return this server's name."),
+        _tool("pid", "Return this server's process id."),
+    ]
+    base_tools += [
+        _tool(f"extra_{i}", f"Extra tool number {i} that does nothing useful.", {"x": {"type": "string"}})
+        for i in range(extra_tools)
+    ]
+
+    async def list_tools(ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
+        # Paginate in pages of 5, so that gateways must follow cursors.
+        tools = base_tools + added
+        start = int(params.cursor) if params and params.cursor else 0
+        end = start + 5
+        return types.ListToolsResult(tools=tools[start:end], next_cursor=str(end) if end < len(tools) else None)
+
+    async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> Any:
+        args = params.arguments or {}
+        tool = params.name
+        if tool == "echo":
+            return types.CallToolResult(content=[types.TextContent(text=str(args.get("text", "")))])
+        if tool == "pid":
+            return types.CallToolResult(content=[types.TextContent(text=str(os.getpid()))])
+        if tool == "whoami":
+            return types.CallToolResult(content=[types.TextContent(text=name)])
+        if tool == "add":
+            total = float(args["a"]) + float(args["b"])
+            return types.CallToolResult(
+                content=[types.TextContent(text=json.dumps({"sum": total}))],
+                structured_content={"sum": total},
+                _meta={"probe/trace": "abc"},
+            )
+        if tool == "big":
+            size = int(args.get("size", 1_000_000))
+            if args.get("kind") == "text":
+                line = "2026-11-30T10:00:00Z INFO request handled path=/api/items status=200\n"
+                return types.CallToolResult(content=[types.TextContent(text=(line * (size // len(line) + 1))[:size])])
+            item = {"id": 0, "name": "item", "tags": ["a", "b"], "price": 9.5, "active": True}
+            n = max(1, size // 80)
+            data = [dict(item, id=i, name=f"item-{i}") for i in range(n)]
+            return types.CallToolResult(content=[types.TextContent(text=json.dumps({"data": data, "meta": {"n": n}}))])
+        if tool == "image":
+            return types.CallToolResult(content=[types.ImageContent(data=PNG_1PX, mime_type="image/png")])
+        if tool == "multi":
+            return types.CallToolResult(
+                content=[
+                    types.TextContent(text="first"),
+                    types.ImageContent(data=PNG_1PX, mime_type="image/png"),
+                    types.EmbeddedResource(
+                        resource=types.BlobResourceContents(
+                            uri="mem://blob",
+                            blob=base64.b64encode(b"\x00\x01binary").decode(),
+                            mime_type="application/octet-stream",
+                        )
+                    ),
+                ]
+            )
+        if tool == "fail":
+            return types.CallToolResult(content=[types.TextContent(text="it failed on purpose")], is_error=True)
+        if tool == "progress":
+            steps, delay = int(args.get("steps", 3)), float(args.get("delay", 0.05))
+            for i in range(steps):
+                await ctx.session.report_progress(i + 1, steps, f"step {i + 1}")
+                await anyio.sleep(delay)
+            return types.CallToolResult(content=[types.TextContent(text=f"done after {steps} steps")])
+        if tool == "slow":
+            try:
+                await anyio.sleep(float(args.get("seconds", 5)))
+            except anyio.get_cancelled_exc_class():
+                if state["cancelled_marker"]:
+                    with open(state["cancelled_marker"], "w") as fh:
+                        fh.write("cancelled")
+                raise
+            return types.CallToolResult(content=[types.TextContent(text="slept")])
+        if tool == "hang":
+            time.sleep(3600)
+        if tool == "crash":
+            os._exit(3)
+        if tool == "grow":
+            if not added:
+                added.append(_tool("grown", "A tool that appeared later."))
+            await ctx.session.send_tool_list_changed()
+            return types.CallToolResult(content=[types.TextContent(text="grown")])
+        if tool == "env":
+            return types.CallToolResult(content=[types.TextContent(text=os.environ.get(str(args.get("name")), ""))])
+        if tool == "grown" or tool.startswith("extra_"):
+            return types.CallToolResult(content=[types.TextContent(text=tool)])
+        return types.CallToolResult(content=[types.TextContent(text=f"unknown tool {tool}")], is_error=True)
+
+    async def list_resources(ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
+        return types.ListResourcesResult(
+            resources=[types.Resource(uri="mem://greeting", name="greeting", mime_type="text/plain")]
+        )
+
+    async def list_templates(ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
+        return types.ListResourceTemplatesResult(
+            resource_templates=[types.ResourceTemplate(uri_template="mem://item/{id}", name="item")]
+        )
+
+    async def read_resource(ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams) -> Any:
+        text = f"hello from {name}" if params.uri == "mem://greeting" else f"item at {params.uri}"
+        return types.ReadResourceResult(
+            contents=[types.TextResourceContents(uri=params.uri, text=text, mime_type="text/plain")]
+        )
+
+    async def list_prompts(ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
+        return types.ListPromptsResult(
+            prompts=[types.Prompt(name="greet", arguments=[types.PromptArgument(name="who", required=True)])]
+        )
+
+    async def get_prompt(ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams) -> Any:
+        who = (params.arguments or {}).get("who", "you")
+        return types.GetPromptResult(
+            messages=[types.PromptMessage(role="user", content=types.TextContent(text=f"Say hello to {who}."))]
+        )
+
+    from mcp.server import NotificationOptions
+
+    class ProbeServer(Server[Any]):
+        def create_initialization_options(self, notification_options=None, *a: Any, **k: Any) -> Any:
+            return super().create_initialization_options(NotificationOptions(tools_changed=True), *a, **k)
+
+    return ProbeServer(
+        name,
+        version="1.0",
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+        on_list_resources=list_resources,
+        on_list_resource_templates=list_templates,
+        on_read_resource=read_resource,
+        on_list_prompts=list_prompts,
+        on_get_prompt=get_prompt,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--name", default="probe")
+    parser.add_argument("--http", type=int, default=0)
+    parser.add_argument("--fail-start", action="store_true")
+    parser.add_argument("--extra-tools", type=int, default=0)
+    args = parser.parse_args()
+    if args.fail_start:
+        print("probe: failing at start on purpose", file=sys.stderr)
+        sys.exit(7)
+    print(f"probe {args.name} starting (pid {os.getpid()})", file=sys.stderr, flush=True)
+    server = build(args.name, args.extra_tools)
+    if args.http:
+        import uvicorn
+
+        app = server.streamable_http_app(streamable_http_path="/mcp")
+        uvicorn.run(app, host="127.0.0.1", port=args.http, log_level="warning")
+        return
+
+    from mcp.server.stdio import stdio_server
+
+    async def run() -> None:
+        async with stdio_server() as (read, write):
+            await server.run(read, write, server.create_initialization_options())
+
+    anyio.run(run)
+
+
+if __name__ == "__main__":
+    main()

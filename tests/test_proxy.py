@@ -1,0 +1,340 @@
+"""The proxy core against real upstream processes (stdio and Streamable HTTP)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import anyio
+import mcp_types as types
+import pytest
+from conftest import PROBE, PY, Notes, free_port, inproc, make_settings, probe, text_of
+from mcp import ClientSession, MCPError, StdioServerParameters, stdio_client
+
+pytestmark = pytest.mark.anyio
+
+
+async def call(session: ClientSession, name: str, args: dict | None = None, **kw) -> types.CallToolResult:
+    return await session.send_request(
+        types.CallToolRequest(params=types.CallToolRequestParams(name=name, arguments=args or {})),
+        types.CallToolResult,
+        **kw,
+    )
+
+
+async def list_all_tools(session: ClientSession) -> list[types.Tool]:
+    tools, cursor = [], None
+    while True:
+        page = await session.list_tools(params=types.PaginatedRequestParams(cursor=cursor))
+        tools += page.tools
+        if not (cursor := page.next_cursor):
+            return tools
+
+
+async def test_merges_tools_of_every_upstream_with_prefixes(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, {"alpha": probe("alpha"), "beta": probe("beta", "--extra-tools", "150")})
+    async with inproc(settings) as (_, session):
+        tools = await list_all_tools(session)
+        names = {t.name for t in tools}
+        # the probe pages its list by 5 and beta has 164 tools: both sides of pagination are exercised
+        assert len(tools) == 14 + 164
+        assert {"alpha__echo", "beta__echo", "beta__extra_149", "alpha__add"} <= names
+        assert all(len(n) <= 64 for n in names)
+        assert text_of(await call(session, "alpha__whoami")) == "alpha"
+        assert text_of(await call(session, "beta__whoami")) == "beta"
+
+
+async def test_results_are_forwarded_untouched(tmp_path: Path) -> None:
+    """The same calls made directly and through the gateway give identical results."""
+    settings = make_settings(tmp_path, {"p": probe("p")})
+    cases = [("echo", {"text": "안녕 hello"}), ("add", {"a": 2, "b": 3}), ("image", {}), ("multi", {}), ("fail", {})]
+    params = StdioServerParameters(command=PY, args=[PROBE, "--name", "p"])
+    with open(tmp_path / "direct.log", "w") as errlog:
+        async with stdio_client(params, errlog=errlog) as streams, ClientSession(*streams) as direct:
+            await direct.initialize()
+            expected = [await call(direct, name, args) for name, args in cases]
+    async with inproc(settings) as (_, session):
+        got = [await call(session, f"p__{name}", args) for name, args in cases]
+        direct_tools = {t.name: t for t in (await list_all_tools(session))}
+    for (name, _), want, have in zip(cases, expected, got, strict=True):
+        assert have.model_dump() == want.model_dump(), name
+    assert got[1].structured_content == {"sum": 5.0} and got[1].meta == {"probe/trace": "abc"}
+    assert got[4].is_error
+    # output schemas are passed on as the upstream declared them (no plugins = transparent)
+    assert direct_tools["p__add"].output_schema["required"] == ["sum"]
+
+
+async def test_progress_reaches_host_and_resets_timeout(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, {"p": probe("p", timeout_seconds=0.6)})
+    seen: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append((progress, total, message))
+
+    async with inproc(settings) as (_, session):
+        # 6 steps x 0.3 s = 1.8 s, three times the timeout: progress keeps the call alive
+        result = await call(session, "p__progress", {"steps": 6, "delay": 0.3}, progress_callback=on_progress)
+        assert not result.is_error, text_of(result)
+        assert text_of(result) == "done after 6 steps"
+        await anyio.sleep(0.2)
+        assert [p for p, _, _ in seen] == [1, 2, 3, 4, 5, 6]
+        assert seen[0][1:] == (6, "step 1")
+        # without progress the same timeout cuts the call off, as an isError naming the server
+        started = time.monotonic()
+        slow = await call(session, "p__slow", {"seconds": 30})
+        assert slow.is_error and "'p'" in text_of(slow) and "within 1 s" in text_of(slow)
+        assert time.monotonic() - started < 10
+
+
+async def test_host_cancellation_reaches_upstream(tmp_path: Path) -> None:
+    marker = tmp_path / "cancelled"
+    settings = make_settings(tmp_path, {"p": probe("p", env={"PROBE_CANCEL_MARKER": str(marker)})})
+    async with inproc(settings) as (_, session):
+        async with anyio.create_task_group() as tg:
+
+            async def slow_call() -> None:
+                await call(session, "p__slow", {"seconds": 60})
+
+            tg.start_soon(slow_call)
+            await anyio.sleep(1.0)
+            tg.cancel_scope.cancel()
+        with anyio.fail_after(10):
+            while not marker.exists():
+                await anyio.sleep(0.05)
+        assert marker.read_text() == "cancelled"
+        assert text_of(await call(session, "p__echo", {"text": "still here"})) == "still here"
+
+
+async def test_upstream_list_changed_reaches_host(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, {"p": probe("p")})
+    notes = Notes()
+    async with inproc(settings, notes) as (gateway, session):
+        assert session.server_capabilities.tools.list_changed
+        await gateway.wait_ready()
+        assert "p__grown" not in {t.name for t in await list_all_tools(session)}
+        await anyio.sleep(0.5)  # let start-up notifications drain
+        notes.changed = anyio.Event()
+        await call(session, "p__grow")
+        with anyio.fail_after(10):
+            await notes.changed.wait()
+        assert "p__grown" in {t.name for t in await list_all_tools(session)}
+        assert text_of(await call(session, "p__grown")) == "grown"
+
+
+async def test_crashed_upstream_fails_fast_and_is_restarted(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, {"p": probe("p"), "q": probe("q")})
+    async with inproc(settings) as (gateway, session):
+        crash = await call(session, "p__crash")
+        assert crash.is_error and "'p'" in text_of(crash)
+        # the other upstream is unaffected
+        assert text_of(await call(session, "q__whoami")) == "q"
+        # a call right after the crash fails fast with a clear message, not a hang
+        started = time.monotonic()
+        down = await call(session, "p__echo", {"text": "x"})
+        assert time.monotonic() - started < 5
+        if down.is_error:
+            assert "'p'" in text_of(down) and ("restart" in text_of(down) or "not available" in text_of(down))
+        # ...and the gateway brings it back
+        with anyio.fail_after(20):
+            while (r := await call(session, "p__echo", {"text": "back"})).is_error:
+                await anyio.sleep(0.3)
+        assert text_of(r) == "back"
+        assert gateway.upstreams["p"].restarts >= 1
+
+
+async def test_hung_upstream_times_out_and_is_restarted(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, {"p": probe("p", timeout_seconds=1, ping_seconds=1), "q": probe("q")})
+    async with inproc(settings) as (gateway, session):
+        pid_before = text_of(await call(session, "p__pid"))
+        hung = await call(session, "p__hang")
+        assert hung.is_error and "did not answer" in text_of(hung)
+        assert text_of(await call(session, "q__whoami")) == "q"
+        with anyio.fail_after(30):
+            while (r := await call(session, "p__pid")).is_error:
+                await anyio.sleep(0.3)
+        assert text_of(r) != pid_before
+        assert "ping" in gateway.upstreams["p"].error or gateway.upstreams["p"].restarts >= 1
+
+
+async def test_failed_start_is_reported_and_others_work(tmp_path: Path) -> None:
+    settings = make_settings(
+        tmp_path, {"bad": probe("bad", "--fail-start"), "gone": {"command": "no-such-command-xyz"}, "ok": probe("ok")}
+    )
+    async with inproc(settings) as (gateway, session):
+        names = {t.name for t in await list_all_tools(session)}
+        assert "ok__echo" in names and not any(n.startswith("bad__") for n in names)
+        bad = gateway.upstreams["bad"]
+        assert bad.state == "failed" and "failing at start on purpose" in bad.error
+        assert "command not found" in gateway.upstreams["gone"].error
+        result = await call(session, "bad__echo", {"text": "x"})
+        assert result.is_error and "'bad'" in text_of(result)
+        assert text_of(await call(session, "ok__whoami")) == "ok"
+        # it is retried with backoff, not given up on
+        with anyio.fail_after(10):
+            while bad.restarts < 2:
+                await anyio.sleep(0.1)
+    log_text = (tmp_path / "ws" / "logs" / "bad.log").read_text()
+    assert "failing at start on purpose" in log_text
+
+
+async def test_http_upstream_and_reinitialize_after_restart(tmp_path: Path) -> None:
+    port = free_port()
+    cmd = [PY, PROBE, "--name", "web", "--http", str(port)]
+    server = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        settings = make_settings(tmp_path, {"web": {"url": f"http://127.0.0.1:{port}/mcp", "ping_seconds": 1}})
+        async with inproc(settings) as (gateway, session):
+            with anyio.fail_after(20):
+                while gateway.upstreams["web"].state != "ok":
+                    await anyio.sleep(0.2)
+            assert text_of(await call(session, "web__whoami")) == "web"
+            add = await call(session, "web__add", {"a": 1, "b": 2})
+            assert add.structured_content == {"sum": 3.0}
+            # restart the HTTP server: its sessions are gone ("session not found"), the gateway re-initializes
+            server.terminate()
+            server.wait(10)
+            server = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            with anyio.fail_after(40):
+                while (r := await call(session, "web__whoami")).is_error:
+                    await anyio.sleep(0.3)
+            assert text_of(r) == "web"
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+async def test_resources_templates_and_prompts_are_namespaced(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, {"a": probe("a"), "b": probe("b")})
+    async with inproc(settings) as (_, session):
+        uris = sorted(r.uri for r in (await session.list_resources()).resources)
+        assert uris == ["a+mem://greeting", "b+mem://greeting"]
+        read = await session.read_resource("b+mem://greeting")
+        assert read.contents[0].text == "hello from b" and read.contents[0].uri == "b+mem://greeting"
+        templates = (await session.list_resource_templates()).resource_templates
+        assert {t.uri_template for t in templates} == {"a+mem://item/{id}", "b+mem://item/{id}"}
+        assert (await session.read_resource("a+mem://item/7")).contents[0].text == "item at mem://item/7"
+        prompts = {p.name for p in (await session.list_prompts()).prompts}
+        assert prompts == {"a__greet", "b__greet"}
+        got = await session.get_prompt("a__greet", {"who": "민수"})
+        assert got.messages[0].content.text == "Say hello to 민수."
+        with pytest.raises(MCPError, match="Unknown resource"):
+            await session.read_resource("mem://greeting")
+
+
+async def test_filters_env_expansion_and_unknown_tool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PROBE_SECRET", "s3cret")
+    servers = {
+        "p": probe("p", env={"TOKEN": "${PROBE_SECRET}"}, tools={"include": ["env", "echo"]}),
+        "q": probe("q", tools={"exclude": ["crash", "hang"]}, prefix=False),
+    }
+    settings = make_settings(tmp_path, servers)
+    async with inproc(settings) as (_, session):
+        names = {t.name for t in await list_all_tools(session)}
+        assert {n for n in names if n.startswith("p__")} == {"p__env", "p__echo"}
+        assert "whoami" in names and "crash" not in names and "q__whoami" not in names
+        assert text_of(await call(session, "p__env", {"name": "TOKEN"})) == "s3cret"
+        # the gateway's own environment is not leaked to children
+        assert text_of(await call(session, "p__env", {"name": "PROBE_SECRET"})) == ""
+        unknown = await call(session, "nope__tool")
+        assert unknown.is_error and "Unknown tool" in text_of(unknown)
+
+
+async def test_collisions_are_reported_never_dropped(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, {"a": probe("a", prefix=False), "b": probe("b", prefix=False)})
+    async with inproc(settings) as (gateway, session):
+        names = {t.name for t in await list_all_tools(session)}
+        assert "whoami" in names and "b__whoami" in names
+        assert text_of(await call(session, "whoami")) == "a"
+        assert text_of(await call(session, "b__whoami")) == "b"
+        assert any("'whoami'" in c and "'b'" in c and "'a'" in c for c in gateway.catalog.collisions)
+
+
+async def test_2026_era_host_can_list_and_call(tmp_path: Path) -> None:
+    from mcp import Client
+
+    settings = make_settings(tmp_path, {"p": probe("p")})
+    from gateway.server import Gateway
+
+    gateway = Gateway(settings, plugins=[])
+    async with gateway.running(), Client(gateway.server) as client:
+        assert client.protocol_version == "2026-07-28"
+        tools = await client.list_tools()
+        assert "p__echo" in {t.name for t in tools.tools}
+        result = await client.call_tool("p__echo", {"text": "modern"})
+        assert text_of(result) == "modern"
+
+
+def test_stderr_goes_to_per_server_log_and_children_stop_on_sigterm(tmp_path: Path) -> None:
+    """A real gateway process: children are stopped on SIGTERM and on host disconnect."""
+    from conftest import gateway_env, write_config
+
+    for how in ("sigterm", "eof"):
+        cfg = write_config(tmp_path, {"p": probe("p")})
+        proc = subprocess.Popen(
+            [PY, "-m", "gateway", "--config", str(cfg)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=gateway_env(),
+        )
+        pid = _pid_through_gateway(proc)
+        assert _alive(pid)
+        if how == "sigterm":
+            proc.terminate()
+        else:
+            proc.stdin.close()
+        proc.wait(15)
+        deadline = time.monotonic() + 10
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(pid), f"upstream survived the gateway ({how})"
+    assert "probe p starting" in (tmp_path / "ws" / "logs" / "p.log").read_text()
+
+
+def _pid_through_gateway(proc: subprocess.Popen) -> int:
+    import json
+
+    def send(msg: dict) -> None:
+        proc.stdin.write((json.dumps(msg) + "\n").encode())
+        proc.stdin.flush()
+
+    def read(want_id: int) -> dict:
+        while True:
+            line = proc.stdout.readline()
+            assert line, "gateway closed stdout"
+            msg = json.loads(line)
+            if msg.get("id") == want_id:
+                return msg
+
+    send(
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "t", "version": "1"},
+            },
+        }
+    )
+    read(1)
+    send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "p__pid", "arguments": {}}})
+    reply = read(2)
+    return int(reply["result"]["content"][0]["text"])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is dead for our purposes
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
