@@ -1,0 +1,58 @@
+"""Shared helpers for the benchmark scripts (plain scripts; run them from the project root)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import mcp_types as types
+from mcp import ClientSession
+
+from gateway.stdio_transport import linear_stdio_client
+
+
+@asynccontextmanager
+async def stdio_session(argv: list[str], errlog_path: Path) -> AsyncIterator[ClientSession]:
+    """A client session to `python <argv>` over stdio (the linear-time reader, as a fast host would)."""
+    with open(errlog_path, "ab") as errlog:
+        async with (
+            linear_stdio_client(sys.executable, argv, None, None, errlog) as streams,
+            ClientSession(*streams) as session,
+        ):
+            await session.initialize()
+            yield session
+
+
+async def call(session: ClientSession, name: str, args: dict[str, Any]) -> types.CallToolResult:
+    return await session.send_request(
+        types.CallToolRequest(params=types.CallToolRequestParams(name=name, arguments=args)), types.CallToolResult
+    )
+
+
+def write_config(path: Path, workspace: Path, plugins: list[str], **server: Any) -> Path:
+    lines = ["[gateway]", f"workspace = {json.dumps(str(workspace))}", f"plugins = {json.dumps(plugins)}", ""]
+    lines += ["[servers.demo]", 'command = "${PYTHON}"', 'args = ["-m", "gateway.demo_upstream"]']
+    lines += [f"{k} = {json.dumps(v)}" for k, v in server.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+def table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    out = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+           for r in rows]
+    out.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+median = statistics.median

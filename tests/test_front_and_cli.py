@@ -1,0 +1,196 @@
+"""The gateway as a real process: Streamable HTTP front, stdio front with huge results, CLI commands."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import anyio
+import httpx2
+import mcp_types as types
+import pytest
+from conftest import PY, free_port, gateway_env, probe, text_of, write_config
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+from gateway.stdio_transport import linear_stdio_client
+
+pytestmark = pytest.mark.anyio
+
+INIT = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+}
+JSON_HEADERS = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
+
+
+@contextmanager
+def http_gateway(tmp_path: Path, *extra: str, host: str = "127.0.0.1", env: dict[str, str] | None = None):
+    port = free_port()
+    cfg = write_config(tmp_path, {"p": probe("p")})
+    cmd = [PY, "-m", "gateway", "--config", str(cfg), "--transport", "http", "--host", host, "--port", str(port)]
+    proc = subprocess.Popen(
+        [*cmd, *extra], stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, env=gateway_env(**(env or {}))
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                httpx2.get(f"http://{host}:{port}/nothing", timeout=0.5)
+                break
+            except httpx2.TransportError:
+                assert proc.poll() is None, proc.stderr.read().decode()
+                time.sleep(0.1)
+        yield f"http://{host}:{port}/mcp"
+    finally:
+        proc.terminate()
+        proc.wait(15)
+
+
+async def test_http_front_serves_tools_and_progress(tmp_path: Path) -> None:
+    with http_gateway(tmp_path) as url:
+        async with (
+            streamable_http_client(url) as (read, write),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            names = {t.name for t in (await session.list_tools()).tools}
+            assert "p__echo" in names
+            seen: list[float] = []
+
+            async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+                seen.append(progress)
+
+            result = await session.send_request(
+                types.CallToolRequest(params=types.CallToolRequestParams(name="p__progress", arguments={"steps": 3})),
+                types.CallToolResult,
+                progress_callback=on_progress,
+            )
+            assert text_of(result) == "done after 3 steps"
+            await anyio.sleep(0.2)
+            assert seen == [1, 2, 3]
+
+
+def test_http_front_rejects_foreign_origin_and_host(tmp_path: Path) -> None:
+    with http_gateway(tmp_path) as url:
+        ok = httpx2.post(url, json=INIT, headers=JSON_HEADERS)
+        assert ok.status_code == 200
+        evil_origin = httpx2.post(url, json=INIT, headers=JSON_HEADERS | {"origin": "http://evil.example"})
+        assert evil_origin.status_code == 403
+        evil_host = httpx2.post(url, json=INIT, headers=JSON_HEADERS | {"host": "evil.example:80"})
+        assert evil_host.status_code == 421
+
+
+def test_non_loopback_needs_a_token(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, {"p": probe("p")})
+    cmd = [PY, "-m", "gateway", "--config", str(cfg), "--transport", "http", "--host", "127.0.0.2"]
+    refused = subprocess.run(cmd, capture_output=True, text=True, timeout=30, env=gateway_env())
+    assert refused.returncode == 2
+    assert "auth_token" in refused.stderr and "Traceback" not in refused.stderr
+    with http_gateway(tmp_path, host="127.0.0.2", env={"CTX_AUTH_TOKEN": "t0ken"}) as url:
+        assert httpx2.post(url, json=INIT, headers=JSON_HEADERS).status_code == 401
+        wrong = httpx2.post(url, json=INIT, headers=JSON_HEADERS | {"authorization": "Bearer nope"})
+        assert wrong.status_code == 401
+        good = httpx2.post(url, json=INIT, headers=JSON_HEADERS | {"authorization": "Bearer t0ken"})
+        assert good.status_code == 200
+
+
+async def test_tens_of_megabytes_through_stdio(tmp_path: Path) -> None:
+    """A 40 MB upstream result passes through a real gateway process over stdio, byte for byte."""
+    cfg = write_config(tmp_path, {"p": probe("p", timeout_seconds=300)})
+    size = 40_000_000
+    with open(tmp_path / "gw.err", "wb") as errlog:
+        async with (
+            linear_stdio_client(PY, ["-m", "gateway", "--config", str(cfg)], gateway_env(), None, errlog) as streams,
+            ClientSession(*streams) as session,
+        ):
+            await session.initialize()
+            result = await session.send_request(
+                types.CallToolRequest(
+                    params=types.CallToolRequestParams(name="p__big", arguments={"size": size, "kind": "text"})
+                ),
+                types.CallToolResult,
+            )
+    text = text_of(result)
+    assert len(text) == size
+    assert text.startswith("2026-11-30T10:00:00Z INFO") and text.count("\n") == size // 69
+
+
+def test_inspect_prints_table_and_fails_on_a_broken_server(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, {"good": probe("good"), "broken": probe("broken", "--fail-start")})
+    out = subprocess.run(
+        [PY, "-m", "gateway", "inspect", "--config", str(cfg)], capture_output=True, text=True, timeout=60,
+        env=gateway_env(),
+    )
+    assert out.returncode == 1, out.stderr
+    rows = {line.split()[0]: line for line in out.stdout.splitlines() if line.strip()}
+    assert "ok" in rows["good"] and " 14 " in rows["good"]
+    assert "failed" in rows["broken"] and "failing at start on purpose" in rows["broken"]
+    cfg_ok = write_config(tmp_path, {"good": probe("good")})
+    ok = subprocess.run(
+        [PY, "-m", "gateway", "inspect", "--config", str(cfg_ok)], capture_output=True, text=True, timeout=60,
+        env=gateway_env(),
+    )
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+
+
+def test_mcp_json_config_and_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    host_config = {
+        "mcpServers": {
+            "my probe": {"command": PY, "args": probe("x")["args"], "env": {"A": "1"}},
+            "remote": {"url": "http://127.0.0.1:9/mcp", "headers": {"Authorization": "Bearer ${TOKEN}"}},
+        }
+    }
+    path = tmp_path / "mcp.json"
+    path.write_text(json.dumps(host_config))
+    out = subprocess.run([PY, "-m", "gateway", "import", str(path)], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert "[servers.my-probe]" in out.stdout and "[servers.remote]" in out.stdout
+    assert '"Bearer ${TOKEN}"' in out.stdout
+    # the TOML it prints is a working config, and the mcp.json itself works as --config
+    import tomllib
+
+    assert tomllib.loads(out.stdout)["servers"]["my-probe"]["env"] == {"A": "1"}
+    from gateway.settings import load_settings
+
+    monkeypatch.setenv("TOKEN", "x")  # ${VAR} is expanded from the gateway's environment when connecting
+    settings = load_settings(path, environ={})
+    assert settings.servers["my-probe"].command == PY
+    assert settings.servers["remote"].expanded().headers["Authorization"] == "Bearer x"
+
+
+def test_bad_config_is_a_clear_message(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    cases = {
+        "[gateway]\nmax_response_size = 10\n": "between 256 and 10485760",
+        '[servers.x]\ncommand = "a"\nurl = "http://b"\n': "either `command`",
+        '[servers."a b"]\ncommand = "a"\n': "server name",
+        "[gateway\n": "not valid TOML",
+    }
+    for text, expected in cases.items():
+        bad.write_text(text)
+        out = subprocess.run(
+            [PY, "-m", "gateway", "inspect", "--config", str(bad)], capture_output=True, text=True, timeout=30
+        )
+        assert out.returncode == 2 and expected in out.stderr and "Traceback" not in out.stderr, out.stderr
+    missing = subprocess.run(
+        [PY, "-m", "gateway", "--config", str(tmp_path / "nope.toml")], capture_output=True, text=True, timeout=30
+    )
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+def test_settings_precedence_cli_over_env_over_file(tmp_path: Path) -> None:
+    from gateway.settings import load_settings
+
+    cfg = write_config(tmp_path, {}, budget=1000, port=9000)
+    assert load_settings(cfg, environ={}).gateway.budget == 1000
+    assert load_settings(cfg, environ={"CTX_BUDGET": "2000"}).gateway.budget == 2000
+    assert load_settings(cfg, {"budget": 3000}, environ={"CTX_BUDGET": "2000"}).gateway.budget == 3000
+    roots = load_settings(cfg, {"ingest_root": ["/a", "/b"]}, environ={}).gateway.ingest_roots
+    assert [str(r) for r in roots] == ["/a", "/b"]
+    assert load_settings(cfg, environ={"CTX_LLM_MODEL": "qwen"}).llm.model == "qwen"
