@@ -44,12 +44,14 @@ def _gateway_argv(settings: Settings) -> list[str]:
     argv = ["-m", "gateway", "serve"]
     if settings.config_path:
         argv += ["--config", str(settings.config_path)]
-    return argv + ["--workspace", str(settings.gateway.workspace)]
+    return [*argv, "--workspace", str(settings.gateway.workspace)]
 
 
 async def run_demo(settings: Settings) -> int:
     where = settings.config_path or "(no config file)"
-    print(f"mcp-context-gateway demo — the gateway runs as a host would start it (stdio child process)\n  config: {where}")
+    print(
+        f"mcp-context-gateway demo — the gateway runs as a host would start it (stdio child process)\n  config: {where}"
+    )
     if not settings.enabled_servers:
         print("  no [servers.*] configured: nothing to front. Try --config config.example.toml")
         return 1

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import anyio
+
 from gateway.catalog import tool_wire
 from gateway.server import Gateway
 from gateway.settings import Settings
@@ -25,6 +27,8 @@ async def inspect_report(settings: Settings) -> tuple[str, bool]:
     gateway = Gateway(settings)
     async with gateway.running():
         await gateway.wait_ready()
+        with anyio.move_on_after(settings.llm.timeout_seconds):
+            await gateway.llm.started.wait()
         by_server = gateway.catalog.definitions_by_server()
         rows = [["server", "transport", "state", "tools", "def. tokens"]]
         ok = True

@@ -27,6 +27,8 @@ log = logging.getLogger("gateway.plugins")
 ENTRY_POINT_GROUP = "mcp_context_gateway.plugins"
 TRACE = os.environ.get("CTX_TRACE_PLUGINS", "") not in ("", "0")
 
+DEFAULT_BUDGET = 4000
+
 ProgressReporter = Callable[[float, float | None, str | None], Awaitable[None]]
 
 
@@ -69,6 +71,26 @@ class GatewayContext:
     @property
     def workspace(self) -> Path:
         return self.settings.gateway.workspace
+
+    def window(self) -> int:
+        """The model's window: the setting, else discovered from the endpoint, else 2 x budget."""
+        cfg = self.settings.gateway
+        return cfg.context_window or self.llm.window or 2 * (cfg.budget or DEFAULT_BUDGET)
+
+    def budget(self) -> int:
+        """The token budget: the setting, else half the (set or discovered) window, else 4000."""
+        cfg = self.settings.gateway
+        if cfg.budget:
+            return cfg.budget
+        window = cfg.context_window or self.llm.window
+        return window // 2 if window else DEFAULT_BUDGET
+
+    def max_response_tokens(self, server: str | None) -> int:
+        """Results above this many tokens are offloaded: the per-server or global setting, else budget / 2."""
+        return self.settings.limit_for(server, "max_response_tokens") or self.budget() // 2
+
+    def max_response_size(self, server: str | None) -> int:
+        return self.settings.limit_for(server, "max_response_size")
 
 
 class Plugin:

@@ -107,10 +107,18 @@ class Gateway:
         async with anyio.create_task_group() as tg:
             for upstream in self.upstreams.values():
                 tg.start_soon(upstream.run, name=f"upstream:{upstream.name}")
+            llm_scope = anyio.CancelScope()
+
+            async def start_llm() -> None:
+                with llm_scope:
+                    await self.llm.start()
+
+            tg.start_soon(start_llm, name="llm:start")  # calibration never delays serving
             try:
                 await self.pipeline.start(self.context)
                 yield self
             finally:
+                llm_scope.cancel()
                 for upstream in self.upstreams.values():
                     upstream.stop()
                 with anyio.CancelScope(shield=True):

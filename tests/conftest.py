@@ -44,7 +44,9 @@ def free_port() -> int:
 def write_config(tmp_path: Path, servers: dict[str, dict[str, Any]], **gateway: Any) -> Path:
     gateway.setdefault("workspace", str(tmp_path / "ws"))
     gateway.setdefault("plugins", [])
+    llm = gateway.pop("llm", {"base_url": "http://127.0.0.1:9/v1"})  # nothing listens: no calibration
     lines = ["[gateway]"] + [f"{k} = {json.dumps(v)}" for k, v in gateway.items()] + [""]
+    lines += ["[llm]"] + [f"{k} = {json.dumps(v)}" for k, v in llm.items()] + [""]
     path = tmp_path / "gateway.toml"
     path.write_text("\n".join(lines) + to_toml(servers), encoding="utf-8")
     return path

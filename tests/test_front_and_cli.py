@@ -124,7 +124,10 @@ async def test_tens_of_megabytes_through_stdio(tmp_path: Path) -> None:
 def test_inspect_prints_table_and_fails_on_a_broken_server(tmp_path: Path) -> None:
     cfg = write_config(tmp_path, {"good": probe("good"), "broken": probe("broken", "--fail-start")})
     out = subprocess.run(
-        [PY, "-m", "gateway", "inspect", "--config", str(cfg)], capture_output=True, text=True, timeout=60,
+        [PY, "-m", "gateway", "inspect", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
         env=gateway_env(),
     )
     assert out.returncode == 1, out.stderr
@@ -133,7 +136,10 @@ def test_inspect_prints_table_and_fails_on_a_broken_server(tmp_path: Path) -> No
     assert "failed" in rows["broken"] and "failing at start on purpose" in rows["broken"]
     cfg_ok = write_config(tmp_path, {"good": probe("good")})
     ok = subprocess.run(
-        [PY, "-m", "gateway", "inspect", "--config", str(cfg_ok)], capture_output=True, text=True, timeout=60,
+        [PY, "-m", "gateway", "inspect", "--config", str(cfg_ok)],
+        capture_output=True,
+        text=True,
+        timeout=60,
         env=gateway_env(),
     )
     assert ok.returncode == 0, ok.stdout + ok.stderr

@@ -67,7 +67,10 @@ async def test_everything_over_streamable_http(tmp_path: Path) -> None:
     port = free_port()
     env = {"PORT": str(port), "NODE_OPTIONS": f"--require {LOOPBACK_PRELOAD}", "PATH": os.environ["PATH"]}
     server = subprocess.Popen(
-        [everything, "streamableHttp"], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        [everything, "streamableHttp"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     try:
