@@ -13,6 +13,7 @@ from typing import Any, get_args, get_origin
 
 import anyio
 
+from gateway.plugin import PluginError
 from gateway.settings import FLAT_KEYS, ConfigError, GatewaySettings, LLMSettings, Settings, load_settings
 
 log = logging.getLogger("gateway")
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "clean":
             return cmd_clean(settings)
         return cmd_serve(settings)
-    except ConfigError as exc:
+    except (ConfigError, PluginError) as exc:
         print(f"mcp-context-gateway: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -1,8 +1,8 @@
 """A stdio client transport for upstreams that reads in linear time.
 
 The SDK's `stdio_client` re-splits its whole buffer for every 64 KB chunk, so a 67 MB
-JSON-RPC line costs minutes (mcp-sdk-2.3.md, pitfall 13). This one keeps a bytearray and
-searches only the bytes that arrived since the last search. It yields the same
+JSON-RPC line costs minutes (mcp-sdk-2.3.md, pitfall 13). This one searches each chunk for a
+newline once and joins a line's chunks once. It yields the same
 `(read, write)` memory-stream pair, so `ClientSession` is unchanged.
 """
 
@@ -28,7 +28,7 @@ KILL_GRACE = 2.0  # after SIGTERM, before SIGKILL
 READ_CHUNK = 1 << 20
 
 
-def _parse(line: bytes | bytearray) -> SessionMessage | Exception:
+def _parse(line: bytes) -> SessionMessage | Exception:
     try:
         return SessionMessage(types.jsonrpc_message_adapter.validate_json(line, by_name=False))
     except ValueError as exc:
@@ -94,7 +94,9 @@ async def linear_stdio_client(
 
     async def reader() -> None:
         assert process.stdout is not None
-        buffer = bytearray()
+        # Chunks of the current line are kept in a list and joined once: each byte is searched for
+        # a newline once and copied once, and no bytearray keeps its peak capacity afterwards.
+        pending: list[bytes] = []
         try:
             async with read_send:
                 while True:
@@ -102,19 +104,25 @@ async def linear_stdio_client(
                         chunk = await process.stdout.receive(READ_CHUNK)
                     except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
                         break
-                    start = len(buffer)
-                    buffer += chunk
-                    newline = buffer.find(b"\n", start)
+                    newline = chunk.find(b"\n")
                     if newline < 0:
+                        pending.append(chunk)
                         continue
                     begin = 0
                     while newline >= 0:
-                        line = buffer[begin:newline]
+                        if pending:
+                            pending.append(chunk[begin:newline])
+                            line = b"".join(pending)
+                            pending.clear()
+                        else:
+                            line = chunk[begin:newline]
                         if line.strip():
                             await read_send.send(_parse(line))
+                        del line
                         begin = newline + 1
-                        newline = buffer.find(b"\n", begin)
-                    del buffer[:begin]
+                        newline = chunk.find(b"\n", begin)
+                    if begin < len(chunk):
+                        pending.append(chunk[begin:])
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             pass
         finally:

@@ -99,3 +99,50 @@ async def _wait_ok(gateway) -> bool:
         while gateway.upstreams["ev"].state != "ok":
             await anyio.sleep(0.1)
     return True
+
+
+async def test_filesystem_server_multi_megabyte_files_are_offloaded(tmp_path: Path) -> None:
+    """The npm filesystem server reads a 3 MB log and a 3 MB JSON file; both are offloaded whole."""
+    import json
+
+    filesystem = npm_bin("mcp-server-filesystem")
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    log_lines = [
+        f"2026-11-30T10:{i // 60 % 60:02d}:{i % 60:02d}Z {'ERROR' if i % 97 == 0 else 'INFO'} "
+        f"worker-{i % 8} handled job {i} in {i % 500} ms"
+        for i in range(45000)
+    ]
+    (data_dir / "app.log").write_text("\n".join(log_lines) + "\n")
+    records = {
+        "items": [
+            {"id": i, "user": f"user{i}", "city": ["Seoul", "Busan", "Berlin"][i % 3], "score": i * 1.5}
+            for i in range(40000)
+        ]
+    }
+    (data_dir / "export.json").write_text(json.dumps(records, indent=1))
+    assert (data_dir / "app.log").stat().st_size > 2_500_000 and (data_dir / "export.json").stat().st_size > 2_500_000
+    settings = make_settings(tmp_path, {"fs": {"command": filesystem, "args": [str(data_dir)]}}, plugins=["offload"])
+    async with inproc(settings) as (_, session):
+        log = await call(session, "fs__read_text_file", {"path": str(data_dir / "app.log")})
+        reply = json.loads(text_of(log))
+        ref = reply["fileRef"]
+        assert "files" not in reply  # the text and its structuredContent copy are saved once
+        assert Path(ref["path"]).read_text() == (data_dir / "app.log").read_text()
+        outline = (await call(session, "response_outline", {"path": ref["id"]})).structured_content
+        assert outline["levels"]["ERROR"] == len([n for n in range(45000) if n % 97 == 0])
+        errors = (
+            await call(session, "response_search", {"path": ref["id"], "query": "ERROR job", "limit": 3})
+        ).structured_content
+        assert errors["matches"][0]["line"] == 1 and "ERROR" in errors["matches"][0]["text"]
+
+        exported = json.loads(
+            text_of(await call(session, "fs__read_text_file", {"path": str(data_dir / "export.json")}))
+        )
+        rid = exported["fileRef"]["id"]
+        assert exported["fileRef"]["kind"] == "json" and exported["outline"]["itemCount"]["items"] == 40000
+        busan = (await call(session, "response_search", {"path": rid, "query": "Busan", "limit": 2})).structured_content
+        assert busan["matches"][0] == {"path": "items.1", "score": 1, "matches": {"city": "Busan"}}
+        assert busan["total"] == len([i for i in range(40000) if i % 3 == 1])
+        last = (await call(session, "response_slice", {"path": rid, "json_path": "items.-1"})).structured_content
+        assert last["value"]["id"] == 39999

@@ -84,19 +84,32 @@ def build(name: str, extra_tools: int) -> Server[Any]:
             )
         if tool == "big":
             size = int(args.get("size", 1_000_000))
-            if args.get("kind") == "text":
+            kind = args.get("kind")
+            if kind == "image":
+                blob = base64.b64encode(os.urandom(size)).decode()
+                return types.CallToolResult(content=[types.ImageContent(data=blob, mime_type="image/png")])
+            if kind == "error":
+                return types.CallToolResult(content=[types.TextContent(text="E" * size)], is_error=True)
+            if kind == "text":
                 line = "2026-11-30T10:00:00Z INFO request handled path=/api/items status=200\n"
                 return types.CallToolResult(content=[types.TextContent(text=(line * (size // len(line) + 1))[:size])])
             item = {"id": 0, "name": "item", "tags": ["a", "b"], "price": 9.5, "active": True}
             n = max(1, size // 80)
             data = [dict(item, id=i, name=f"item-{i}") for i in range(n)]
-            return types.CallToolResult(content=[types.TextContent(text=json.dumps({"data": data, "meta": {"n": n}}))])
+            body = {"data": data, "meta": {"n": n}}
+            if kind == "structured":  # structuredContent plus the same JSON as text, as the spec recommends
+                return types.CallToolResult(content=[types.TextContent(text=json.dumps(body))], structured_content=body)
+            if kind == "structured-only":
+                return types.CallToolResult(
+                    content=[types.TextContent(text="see structured content")], structured_content=body
+                )
+            return types.CallToolResult(content=[types.TextContent(text=json.dumps(body))])
         if tool == "image":
             return types.CallToolResult(content=[types.ImageContent(data=PNG_1PX, mime_type="image/png")])
         if tool == "multi":
             return types.CallToolResult(
                 content=[
-                    types.TextContent(text="first"),
+                    types.TextContent(text="first" + "x" * int(args.get("pad", 0))),
                     types.ImageContent(data=PNG_1PX, mime_type="image/png"),
                     types.EmbeddedResource(
                         resource=types.BlobResourceContents(

@@ -1,0 +1,289 @@
+"""Offload: oversized results become files; the exploration tools answer in small pieces."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import mcp_types as types
+import pytest
+import token_corpus
+from conftest import PY, gateway_env, inproc, make_settings, probe, text_of, write_config
+from mcp import ClientSession
+
+from plugins.offload import jsonfile
+
+pytestmark = pytest.mark.anyio
+
+
+async def call(session: ClientSession, name: str, args: dict[str, Any] | None = None) -> types.CallToolResult:
+    return await session.send_request(
+        types.CallToolRequest(params=types.CallToolRequestParams(name=name, arguments=args or {})),
+        types.CallToolResult,
+    )
+
+
+def ref_of(result: types.CallToolResult) -> dict[str, Any]:
+    reply = json.loads(text_of(result))
+    assert "fileRef" in reply, reply
+    return reply
+
+
+def cl100k(text: str) -> int:
+    return len(token_corpus.tokenizers()["cl100k"].encode(text))
+
+
+def offload_settings(tmp_path: Path, **server: Any):
+    return make_settings(tmp_path, {"p": probe("p", **server)}, plugins=["offload"])
+
+
+async def test_big_json_is_replaced_by_a_small_file_reference(tmp_path: Path) -> None:
+    async with inproc(offload_settings(tmp_path, max_response_size=262144)) as (_, session):
+        result = await call(session, "p__big", {"size": 2_000_000})
+        assert not result.is_error and len(result.content) == 1
+        reply = ref_of(result)
+        ref = reply["fileRef"]
+        assert ref["id"].startswith("resp_") and ref["kind"] == "json"
+        path = Path(ref["path"])
+        assert path.parent == tmp_path / "ws" / "responses" and path.name.startswith("p__big-")
+        assert path.suffix == ".json" and ref["size"] == path.stat().st_size > 1_900_000
+        assert ref["sizeHint"].endswith("MB") and "256.0 KB" in ref["maxSizeHint"]
+        assert ref["tokens"] > 400_000 and ref["openCmd"].endswith(str(path))
+        assert reply["outline"]["keys"] == ["data", "meta"] and reply["outline"]["itemCount"]["data"] == 25000
+        assert reply["next"] == f"response_outline(path='{ref['id']}')"
+        # the reply is small whatever the input, measured with a real tokenizer
+        assert cl100k(text_of(result)) <= 300
+        body = json.loads(path.read_text())
+        assert len(body["data"]) == 25000 and body["data"][7]["name"] == "item-7"
+
+
+async def test_small_results_pass_untouched_and_token_limit_applies(tmp_path: Path) -> None:
+    async with inproc(offload_settings(tmp_path, max_response_tokens=1000)) as (_, session):
+        echo = await call(session, "p__echo", {"text": "short"})
+        assert text_of(echo) == "short"
+        add = await call(session, "p__add", {"a": 1, "b": 2})
+        assert add.structured_content == {"sum": 3.0}
+        # 30 KB of log text is far under the byte limit but over 1000 tokens
+        log = await call(session, "p__big", {"size": 30_000, "kind": "text"})
+        ref = ref_of(log)["fileRef"]
+        assert ref["kind"] == "text" and ref["path"].endswith(".txt") and ref["size"] == 30_000
+
+
+async def test_output_schemas_are_hidden_only_when_offload_is_on(tmp_path: Path) -> None:
+    async with inproc(offload_settings(tmp_path)) as (_, session):
+        tools = {t.name: t for t in (await session.list_tools()).tools}
+        assert tools["p__add"].output_schema is None
+        assert {"response_outline", "response_compress", "response_slice", "response_search"} <= set(tools)
+    async with inproc(make_settings(tmp_path, {"p": probe("p")}, plugins=[])) as (_, session):
+        tools = {t.name: t for t in (await session.list_tools()).tools}
+        assert tools["p__add"].output_schema is not None
+
+
+async def test_images_blobs_multi_block_structured_and_errors(tmp_path: Path) -> None:
+    async with inproc(offload_settings(tmp_path, max_response_size=4096)) as (_, session):
+        image = ref_of(await call(session, "p__big", {"size": 20_000, "kind": "image"}))["fileRef"]
+        assert image["kind"] == "binary" and image["mime"] == "image/png" and image["path"].endswith(".png")
+        assert image["size"] == 20_000
+        outline = await call(session, "response_outline", {"path": image["id"]})
+        assert outline.structured_content["type"] == "binary"
+        sliced = await call(session, "response_slice", {"path": image["id"], "start_line": 1, "end_line": 2})
+        assert sliced.is_error and "binary" in text_of(sliced)
+
+        # structuredContent that repeats the text is saved once; structured-only content is saved as JSON
+        both = ref_of(await call(session, "p__big", {"size": 50_000, "kind": "structured"}))
+        assert "files" not in both and both["fileRef"]["kind"] == "json"
+        only = ref_of(await call(session, "p__big", {"size": 50_000, "kind": "structured-only"}))
+        parts = {f["part"]: f for f in only["files"]}
+        assert parts["structuredContent"]["kind"] == "json" and parts["content[0]"]["kind"] == "text"
+
+        err = await call(session, "p__big", {"size": 10_000, "kind": "error"})
+        assert err.is_error and ref_of(err)["fileRef"]["kind"] == "text" and "error output" in text_of(err)
+
+    # several blocks: one file per block, all listed
+    async with inproc(offload_settings(tmp_path, max_response_size=256)) as (_, session):
+        multi = ref_of(await call(session, "p__multi", {"pad": 300}))
+        kinds = [(f["part"].split()[0], f["kind"]) for f in multi["files"]]
+        assert kinds == [("content[0]", "text"), ("content[1]", "binary"), ("content[2]", "binary")]
+        blob_id = multi["files"][2]["id"]
+        blob = next((tmp_path / "ws" / "responses").glob(f"*-{blob_id[5:]}.*"))
+        assert blob.read_bytes() == b"\x00\x01binary"
+        png = next((tmp_path / "ws" / "responses").glob(f"*-{multi['files'][1]['id'][5:]}.png"))
+        assert png.read_bytes() == base64.b64decode(
+            "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+        )
+
+
+@pytest.mark.parametrize("size", [400_000, 9_000_000], ids=["parsed-small-file", "streamed-large-file"])
+async def test_json_exploration(tmp_path: Path, size: int) -> None:
+    assert (size > jsonfile.SMALL_FILE) == (size == 9_000_000)
+    async with inproc(offload_settings(tmp_path, max_response_size=262144)) as (_, session):
+        rid = ref_of(await call(session, "p__big", {"size": size}))["fileRef"]["id"]
+        n = size // 80
+
+        outline = (await call(session, "response_outline", {"path": rid})).structured_content
+        assert outline["type"] == "object" and outline["keys"] == ["data", "meta"]
+        assert outline["itemCount"]["data"] == n
+        assert outline["structure"]["meta.n"] == {"type": "number", "value": n}
+        assert outline["samples"]["data"][0]["name"] == "item-0"
+        # every hint is a ready-to-send call that works
+        for hint in outline["compressionHints"]:
+            tool, _, rest = hint.partition("(")
+            if "<" in rest:
+                continue
+            args = eval(f"dict({rest[:-1]})")  # the hints are Python-style keyword calls
+            assert not (await call(session, tool, args)).is_error, hint
+
+        first = (await call(session, "response_slice", {"path": rid, "json_path": "data.3.name"})).structured_content
+        assert first["value"] == "item-3"
+        last = (await call(session, "response_slice", {"path": rid, "json_path": "$.data[-1]"})).structured_content
+        assert (last["value"]["id"] == n - 1 and last["json_path"] == f"data.{n - 1}") or last["value"]["id"] == n - 1
+        item = (await call(session, "response_slice", {"path": rid, "json_path": "data.10"})).structured_content
+        assert item["next_path"] == "data.11" and item["prev_path"] == "data.9"
+        end = (await call(session, "response_slice", {"path": rid, "json_path": f"data.{n - 1}"})).structured_content
+        assert end["next_path"] is None
+        wild = await call(session, "response_slice", {"path": rid, "json_path": "$.data[0].tags[*]"})
+        assert wild.structured_content["value"] == ["a", "b"]
+        whole = (await call(session, "response_slice", {"path": rid, "json_path": "data"})).structured_content
+        assert "cut to the token budget" in whole["note"] and "data.0" in whole["note"]
+
+        out_of_range = await call(session, "response_slice", {"path": rid, "json_path": f"data.{n + 5}"})
+        assert out_of_range.is_error and f"has {n} items" in text_of(out_of_range)
+        no_key = await call(session, "response_slice", {"path": rid, "json_path": "dta.0"})
+        assert no_key.is_error
+        bad = await call(session, "response_slice", {"path": rid, "json_path": "$.data[?(@.x >"})
+        assert bad.is_error and "Traceback" not in text_of(bad)
+
+        sample = (
+            await call(
+                session,
+                "response_compress",
+                {
+                    "path": rid,
+                    "mode": "sample_array",
+                    "json_path": "data",
+                    "array_head": 2,
+                    "array_tail": 1,
+                },
+            )
+        ).structured_content["value"]
+        assert [x["id"] for x in sample[:2]] == [0, 1] and sample[3]["id"] == n - 1
+        assert sample[2] == f"…({n - 3} items omitted)"
+        firsts = (
+            await call(session, "response_compress", {"path": rid, "mode": "first_of_array", "json_path": "data"})
+        ).structured_content["value"]
+        assert firsts[0]["tags"] == ["a", "…(+1 more items)"] and firsts[1] == f"…(+{n - 1} more items)"
+        keys = (await call(session, "response_compress", {"path": rid, "mode": "keys_only"})).structured_content
+        assert "data" in json.dumps(keys["value"])
+        picked = await call(
+            session, "response_compress", {"path": rid, "mode": "select_keys", "json_path": "data", "keys": ["id"]}
+        )
+        value = picked.structured_content.get("value")
+        if value is None:  # too large even so: saved as a new file with a hint
+            assert picked.structured_content["fileRef"]["id"].startswith("resp_")
+            assert "narrow json_path" in picked.structured_content["hint"]
+        else:
+            assert value[0] == {"id": 0}
+        truncated = (
+            await call(
+                session,
+                "response_compress",
+                {"path": rid, "mode": "truncate_strings", "json_path": "data.5", "max_length": 3},
+            )
+        ).structured_content
+        assert truncated["value"]["name"] == "ite…(+3)"
+
+        found = (
+            await call(session, "response_search", {"path": rid, "query": "item-77", "limit": 3})
+        ).structured_content
+        assert found["matches"][0]["path"] == "data.77" and found["matches"][0]["matches"] == {"name": "item-77"}
+        junk = await call(session, "response_search", {"path": rid, "query": "((( *** )))"})
+        assert junk.is_error and "no searchable words" in text_of(junk)
+
+
+async def test_text_exploration_and_korean(tmp_path: Path) -> None:
+    async with inproc(offload_settings(tmp_path, max_response_size=4096)) as (_, session):
+        rid = ref_of(await call(session, "p__big", {"size": 200_000, "kind": "text"}))["fileRef"]["id"]
+        outline = (await call(session, "response_outline", {"path": rid})).structured_content
+        total = outline["lines"]
+        assert total == 200_000 // 69 + 1 and outline["levels"] == {"INFO": total}
+        assert outline["commonShapes"][0]["shape"].startswith("#-#-#T#:#:#Z INFO")
+        part = (
+            await call(session, "response_slice", {"path": rid, "start_line": 10, "end_line": 14})
+        ).structured_content
+        assert len(part["lines"]) == 5 and part["next"] == {"start_line": 15, "end_line": 19}
+        assert part["prev"] == {"start_line": 5, "end_line": 9}
+        past = await call(session, "response_slice", {"path": rid, "start_line": total + 10, "end_line": total + 20})
+        assert past.is_error and f"{total} lines" in text_of(past)
+        backwards = await call(session, "response_slice", {"path": rid, "start_line": 9, "end_line": 3})
+        assert backwards.is_error
+        hits = (
+            await call(session, "response_search", {"path": rid, "query": "status=200", "limit": 2})
+        ).structured_content
+        assert hits["total"] == total - 1 and len(hits["matches"]) == 2 and hits["next_offset"] == 2
+        jsonpath_on_text = await call(session, "response_slice", {"path": rid, "json_path": "a.b"})
+        assert jsonpath_on_text.is_error and "start_line" in text_of(jsonpath_on_text)
+
+        korean = "\n".join(token_corpus.korean(40)) + "\n세션을 저장하지 못했습니다: 오류 E1234\n"
+        await call(session, "p__echo", {"text": "warm"})
+        ko = ref_of(await call(session, "p__echo", {"text": korean}))["fileRef"]["id"]
+        found = (await call(session, "response_search", {"path": ko, "query": "세션 E1234"})).structured_content
+        assert "E1234" in found["matches"][0]["text"] and found["matches"][0]["score"] == 2
+
+
+async def test_bad_paths_and_broken_files(tmp_path: Path) -> None:
+    async with inproc(offload_settings(tmp_path, max_response_size=4096)) as (_, session):
+        rid = ref_of(await call(session, "p__big", {"size": 10_000}))["fileRef"]["id"]
+        for bad in ["/etc/passwd", "../../etc/passwd", "resp_deadbeef", "", "x\x00y"]:
+            result = await call(session, "response_outline", {"path": bad})
+            assert result.is_error, bad
+            assert "Traceback" not in text_of(result)
+        assert rid in text_of(await call(session, "response_outline", {"path": "resp_deadbeef"}))
+        outside = tmp_path / "secret.json"
+        outside.write_text("{}")
+        link = tmp_path / "ws" / "responses" / "link-0000aaaa.json"
+        link.symlink_to(outside)
+        escaped = await call(session, "response_outline", {"path": str(link)})
+        assert escaped.is_error and "outside the response workspace" in text_of(escaped)
+        wrong_type = await call(session, "response_slice", {"path": rid, "start_line": "ten"})
+        assert wrong_type.is_error and "whole number" in text_of(wrong_type)
+        missing = await call(session, "response_compress", {"path": rid})
+        assert missing.is_error and "`mode` is required" in text_of(missing)
+        broken = tmp_path / "ws" / "responses" / "p__x-0badc0de.json"
+        broken.write_text('{"data": [1, 2, ')
+        result = await call(session, "response_outline", {"path": "resp_0badc0de"})
+        assert result.is_error and "not valid JSON" in text_of(result)
+        # search still works on a broken JSON file, as text
+        assert not (await call(session, "response_search", {"path": "resp_0badc0de", "query": "data"})).is_error
+
+
+def test_ttl_cleanup_at_start_and_clean_command(tmp_path: Path) -> None:
+    responses = tmp_path / "ws" / "responses"
+    responses.mkdir(parents=True)
+    old, new = responses / "a__b-00000001.json", responses / "a__b-00000002.json"
+    old.write_text("{}")
+    new.write_text("{}")
+    three_days_ago = time.time() - 3 * 86400
+    os.utime(old, (three_days_ago, three_days_ago))
+    cfg = write_config(tmp_path, {"p": probe("p")}, plugins=["offload"])
+    out = subprocess.run(
+        [PY, "-m", "gateway", "inspect", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=gateway_env(),
+    )
+    assert out.returncode == 0, out.stderr
+    assert not old.exists() and new.exists()
+    out = subprocess.run(
+        [PY, "-m", "gateway", "clean", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=gateway_env(),
+    )
+    assert out.returncode == 0 and "removed 1 files" in out.stdout and not new.exists()
