@@ -260,11 +260,7 @@ def _stream_index(path: Path, keys: list[str], index: int, rest: list[Step]) -> 
             raise PathError(f"index {index} is out of range at {format_path(where)}: the array has {count} items")
         index += count
     prefix = f"{ijson_prefix(keys)}.item" if keys else "item"
-    with open(path, "rb") as fh:
-        try:
-            found = next(itertools.islice(ijson.items(fh, prefix, use_float=True), index, index + 1), _MISSING)
-        except ijson.JSONError as exc:
-            raise BrokenJSON(f"the file is not valid JSON ({exc})") from None
+    found = _item(path, prefix, index)
     if found is _MISSING:
         count = array_length(path, keys)
         if count is None:
@@ -283,6 +279,30 @@ def _stream_index(path: Path, keys: list[str], index: int, rest: list[Step]) -> 
 
 
 _MISSING = object()
+WINDOW_BEFORE, WINDOW_AFTER = 10, 40
+_WINDOWS: OrderedDict[tuple[tuple[str, int, int], str], tuple[int, list[Any]]] = OrderedDict()
+
+
+def _item(path: Path, prefix: str, index: int) -> Any:
+    """Item `index` of the array at `prefix`. Streaming to it also keeps a window of its neighbours, so
+    paging with next_path/prev_path costs one pass, not one per step."""
+    key = (_key(path), prefix)
+    with _OUTLINE_LOCK:
+        window = _WINDOWS.get(key)
+        if window is not None and window[0] <= index < window[0] + len(window[1]):
+            _WINDOWS.move_to_end(key)
+            return window[1][index - window[0]]
+    start = max(0, index - WINDOW_BEFORE)
+    with open(path, "rb") as fh:
+        try:
+            items = list(itertools.islice(ijson.items(fh, prefix, use_float=True), start, index + WINDOW_AFTER))
+        except ijson.JSONError as exc:
+            raise BrokenJSON(f"the file is not valid JSON ({exc})") from None
+    with _OUTLINE_LOCK:
+        _WINDOWS[key] = (start, items)
+        while len(_WINDOWS) > 16:
+            _WINDOWS.popitem(last=False)
+    return items[index - start] if index - start < len(items) else _MISSING
 
 
 def _stream_value(path: Path, keys: list[str]) -> Any:
