@@ -67,6 +67,11 @@ class GatewayContext:
     settings: Settings
     catalog: Catalog
     llm: LLMClient
+    pipeline: Pipeline | None = None
+
+    def status(self, session_id: str) -> dict[str, Any]:
+        """Every plugin's figures for one host connection (for context_status)."""
+        return self.pipeline.status(session_id) if self.pipeline else {}
 
     @property
     def workspace(self) -> Path:

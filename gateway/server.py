@@ -93,7 +93,7 @@ class Gateway:
         self.own_tools: dict[str, PluginTool] = self.pipeline.tools()
         self.catalog = Catalog(settings, self.upstreams, reserved=set(self.own_tools))
         self.llm = LLMClient(settings.llm, workspace)
-        self.context = GatewayContext(settings=settings, catalog=self.catalog, llm=self.llm)
+        self.context = GatewayContext(settings=settings, catalog=self.catalog, llm=self.llm, pipeline=self.pipeline)
         self.hosts: OrderedDict[str, ServerSession] = OrderedDict()
         self.bus = InMemorySubscriptionBus()
         self._listed: tuple[Any, ...] = ()

@@ -30,20 +30,20 @@ _PUNCT_RUN = re.compile(r"[!-/:-@\[-`{-~]+")
 # Tokens per unit, fitted (linear program over the corpora above, then bounded to plausible
 # values and rounded up).
 RATES = {
-    "cjk": 1.26,  # per Hangul/Kana/Han character
-    "word": 0.55,  # per ASCII letter run
-    "short_word": 1.03,  # extra per run of 1-3 letters (rarely merged with its neighbours)
+    "cjk": 1.27,  # per Hangul/Kana/Han character
+    "word": 1.03,  # per ASCII letter run: a BPE word is never less than one token
+    "short_word": 0.0,  # extra per run of 1-3 letters (kept as a feature; the fit needs none)
     "word_excess": 0.36,  # per letter beyond the 6th in a run
     "digit": 1.03,  # Qwen-style vocabularies spend one token per digit
-    "num_run": 0.25,
+    "num_run": 0.45,
     "opaque": 0.21,  # extra per character of a long run without spaces (base64, hex, hashes)
     "newline": 0.83,
     "space_run": 1.96,  # per run of 2+ spaces/tabs (indentation included)
-    "space": 0.05,  # per space/tab in such a run
+    "space": 0.07,  # per space/tab in such a run
     "punct": 0.11,  # per punctuation character...
-    "punct_run": 0.69,  # ...and per run of them (BPE merges `"},` into few tokens)
+    "punct_run": 0.47,  # ...and per run of them (BPE merges `"},` into few tokens)
     "other": 1.03,  # per other non-ASCII character (é, Cyrillic, ...)
-    "wide": 1.0,  # extra per other character of 3 UTF-8 bytes (symbols, dingbats: byte-level tokens)
+    "wide": 1.03,  # extra per other character of 3 UTF-8 bytes (symbols, dingbats: byte-level tokens)
     "astral": 2.06,  # extra per character outside the BMP (emoji), on top of `other`
 }
 KINDS = ("prose", "code", "json", "cjk")

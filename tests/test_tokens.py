@@ -58,7 +58,18 @@ def test_estimate_handles_edge_content() -> None:
     assert tokens.estimate_tokens("") == 0
     assert tokens.estimate_tokens("a") >= 1
     toks = token_corpus.tokenizers()
-    for text in ["🎉🚀✨" * 50, "Привет, как дела? " * 50, "é" * 300, "\n\n\n" * 100, "    " * 300]:
+    degenerate = [
+        "word " * 300,
+        "a b c d e f g " * 60,
+        " ".join(f"user{i}" for i in range(300)),
+        "x" * 3000,
+        "🎉🚀✨" * 50,
+        "Привет, как дела? " * 50,
+        "é" * 300,
+        "\n\n\n" * 100,
+        "    " * 300,
+    ]
+    for text in degenerate:
         assert tokens.estimate_tokens(text) >= max(len(t.encode(text)) for t in toks.values()), text[:20]
     # a large text is estimated from samples, still leaning high
     big = "".join(token_corpus.json_minified(60)) * 8

@@ -1,0 +1,297 @@
+"""Session memory: notes that live outside the context window and come back when needed.
+
+One append-only JSONL log per session under `{workspace}/sessions/` (`tail -f` shows it grow);
+recall by BM25 x recency over an FTS5 index rebuilt from the logs; compaction folds old notes
+into a summary (model endpoint, or a fact-keeping fallback) without deleting anything.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import mcp_types as types
+
+from gateway.args import Args, ToolInputError
+from gateway.llm import LLMUnavailable
+from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall
+from gateway.results import error_result, json_result
+from plugins.memory.guide import GUIDE
+from plugins.memory.sessions import RecallIndex, Session, SessionError, check_session_id
+from plugins.memory.summary import INSTRUCTION, fallback_summary, with_identifiers
+
+log = logging.getLogger("plugins.memory")
+
+NEAR_BUDGET = 0.8
+RECENCY_WEIGHT = 0.25
+MAX_TEXT = 200_000
+
+
+def _schema(props: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    return {"type": "object", "properties": props, "required": required}
+
+
+SID = {"type": "string", "description": "your name for this memory, e.g. 'billing-refactor'"}
+
+
+class MemoryPlugin(Plugin):
+    name = "memory"
+
+    def __init__(self) -> None:
+        self.ctx: GatewayContext | None = None
+        self.folder: Path | None = None
+        self.sessions: dict[str, Session] = {}
+        self.recall_index: RecallIndex | None = None
+        self._locks: dict[str, anyio.Lock] = {}
+
+    async def start(self, ctx: GatewayContext) -> None:
+        self.ctx = ctx
+        self.folder = ctx.workspace / "sessions"
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.recall_index = RecallIndex(self.folder / "index.sqlite")
+
+    async def stop(self) -> None:
+        if self.recall_index is not None:
+            self.recall_index.index.close()
+
+    def _session(self, session_id: Any) -> Session:
+        sid = check_session_id(session_id)
+        assert self.folder is not None
+        if sid not in self.sessions:
+            self.sessions[sid] = Session(sid, self.folder)
+        session = self.sessions[sid]
+        session.refresh()
+        return session
+
+    def _budget(self) -> int:
+        assert self.ctx is not None
+        return self.ctx.budget()
+
+    def _usage(self, session: Session) -> dict[str, Any]:
+        used, budget = session.used_tokens(), self._budget()
+        out: dict[str, Any] = {"tokens_used": used, "budget": budget}
+        if used >= NEAR_BUDGET * budget:
+            out["warning"] = (
+                f"memory holds {used} of {budget} tokens; consider context_compact(session_id="
+                f"'{session.id}') to fold older notes into a summary"
+            )
+        return out
+
+    def tools(self) -> list[PluginTool]:
+        return [
+            PluginTool(
+                types.Tool(
+                    name="context_open",
+                    description="Open (or create) a memory session; shows its pinned notes and size. Start here.",
+                    input_schema=_schema({"session_id": SID}, ["session_id"]),
+                ),
+                self._tool(self.open),
+            ),
+            PluginTool(
+                types.Tool(
+                    name="context_append",
+                    description="Save a note outside the context window "
+                    "(facts, decisions, results). pinned=true for the goal and key constraints.",
+                    input_schema=_schema(
+                        {"session_id": SID, "text": {"type": "string"}, "pinned": {"type": "boolean"}},
+                        ["session_id", "text"],
+                    ),
+                ),
+                self._tool(self.append),
+            ),
+            PluginTool(
+                types.Tool(
+                    name="context_status",
+                    description="Memory size vs budget, compaction state, and the gateway's context estimate.",
+                    input_schema=_schema({"session_id": SID}, ["session_id"]),
+                ),
+                self._tool(self.status_tool),
+            ),
+            PluginTool(
+                types.Tool(
+                    name="context_compact",
+                    description="Fold older notes into one summary "
+                    "(pinned and the newest keep_recent stay). dry_run shows what would fold.",
+                    input_schema=_schema(
+                        {
+                            "session_id": SID,
+                            "keep_recent": {"type": "integer"},
+                            "target_tokens": {"type": "integer"},
+                            "dry_run": {"type": "boolean"},
+                        },
+                        ["session_id"],
+                    ),
+                ),
+                self._tool(self.compact),
+            ),
+            PluginTool(
+                types.Tool(
+                    name="context_recall",
+                    description="Bring back pinned notes and the notes that best match a query, within max_tokens.",
+                    input_schema=_schema(
+                        {"session_id": SID, "query": {"type": "string"}, "max_tokens": {"type": "integer"}},
+                        ["session_id"],
+                    ),
+                ),
+                self._tool(self.recall),
+            ),
+            PluginTool(
+                types.Tool(
+                    name="context_guide",
+                    description="How to use these tools together; read once.",
+                    input_schema=_schema({}, []),
+                ),
+                self._guide,
+            ),
+        ]
+
+    def _tool(self, fn: Any) -> Any:
+        async def handler(call: ToolCall) -> types.CallToolResult:
+            try:
+                args = Args(call.arguments, call.name)
+                sid = check_session_id(args.raw.get("session_id"))
+                lock = self._locks.setdefault(sid, anyio.Lock())
+                async with lock:  # calls on one session are serialized
+                    payload = await fn(args, call)
+            except (ToolInputError, SessionError) as exc:
+                return error_result(f"{call.name}: {exc}" if not str(exc).startswith(call.name) else str(exc))
+            except OSError as exc:
+                log.exception("%s failed", call.name)
+                return error_result(f"{call.name}: the memory store is not writable ({exc}); nothing was lost")
+            return json_result(payload)
+
+        return handler
+
+    async def _guide(self, call: ToolCall) -> types.CallToolResult:
+        return types.CallToolResult(content=[types.TextContent(text=GUIDE)])
+
+    async def open(self, args: Args, call: ToolCall) -> dict[str, Any]:
+        session = await anyio.to_thread.run_sync(self._session, args.raw["session_id"])
+        active = session.active()
+        pinned = [e.view() for e in active if e.pinned]
+        return {
+            "session_id": session.id,
+            "created": not session.exists,
+            "entries": len(active),
+            "pinned": pinned,
+            "last_compaction": session.last_compaction,
+            **self._usage(session),
+            "log": str(session.log.path),
+        }
+
+    async def append(self, args: Args, call: ToolCall) -> dict[str, Any]:
+        text = args.str("text", required=True, max_len=MAX_TEXT)
+        pinned = args.bool("pinned", False)
+        session = self._session(args.raw["session_id"])
+        entry = await anyio.to_thread.run_sync(session.append_entry, text, pinned)
+        return {"id": entry.id, "tokens": entry.tokens, "pinned": pinned, **self._usage(session)}
+
+    async def status_tool(self, args: Args, call: ToolCall) -> dict[str, Any]:
+        assert self.ctx is not None
+        session = await anyio.to_thread.run_sync(self._session, args.raw["session_id"])
+        active = session.active()
+        out: dict[str, Any] = {
+            "session_id": session.id,
+            **self._usage(session),
+            "entries": len(active),
+            "pinned": sum(e.pinned for e in active),
+            "superseded": len(session.entries) - len(active),
+            "last_compaction": session.last_compaction,
+            "token_counts": self.ctx.llm.describe(),
+        }
+        figures = {k: v for k, v in self.ctx.status(call.session_id).items() if k != self.name}
+        if figures:
+            out["gateway"] = figures
+        return out
+
+    async def compact(self, args: Args, call: ToolCall) -> dict[str, Any]:
+        assert self.ctx is not None
+        keep_recent = args.int("keep_recent", 5, lo=0, hi=10_000)
+        target = args.int("target_tokens", max(200, self._budget() // 4), lo=50, hi=100_000)
+        dry_run = args.bool("dry_run", False)
+        session = self._session(args.raw["session_id"])
+        active = session.active()
+        candidates = [e for e in active if not e.pinned]
+        fold = candidates[: max(0, len(candidates) - keep_recent)]
+        before = session.used_tokens()
+        if len(fold) < 2:
+            return {
+                "folded": 0,
+                "note": f"nothing to fold: {len(candidates)} unpinned notes, keep_recent={keep_recent}",
+                "tokens_used": before,
+            }
+        if dry_run:
+            return {
+                "dry_run": True,
+                "would_fold": [e.id for e in fold],
+                "tokens_folded": sum(e.tokens for e in fold),
+                "kept": [e.id for e in active if e not in fold],
+            }
+        text = "\n\n".join(f"[{e.id}] {e.text}" for e in fold)
+        try:
+            summary = await self.ctx.llm.summarize(text, INSTRUCTION, max_tokens=target)
+            summary = with_identifiers(summary, fold)
+            writer = f"model ({self.ctx.llm.model or self.ctx.llm.base_url})"
+        except LLMUnavailable as exc:
+            summary = fallback_summary(fold, target)
+            writer = f"fallback (extractive; model endpoint unavailable: {exc})"
+        entry = await anyio.to_thread.run_sync(session.append_compaction, summary, fold, writer.split(" (")[0])
+        return {
+            "folded": len(fold),
+            "folded_ids": [e.id for e in fold],
+            "summary_id": entry.id,
+            "summary": summary,
+            "written_by": writer,
+            "tokens_before": before,
+            "tokens_after": session.used_tokens(),
+        }
+
+    async def recall(self, args: Args, call: ToolCall) -> dict[str, Any]:
+        assert self.recall_index is not None
+        query = args.str("query", "", max_len=2000) or ""
+        max_tokens = args.int("max_tokens", self._budget(), lo=50, hi=1_000_000)
+        session = self._session(args.raw["session_id"])
+        active = session.active()
+        position = {e.id: i for i, e in enumerate(active)}
+        pinned = [e for e in active if e.pinned]
+        out: dict[str, Any] = {"session_id": session.id, "pinned": [], "matches": []}
+        used = 0
+        for e in pinned:  # pinned first, but never more than half of the budget
+            if used + e.tokens > max_tokens // 2:
+                out.setdefault("left_out", {})["pinned"] = len(pinned) - len(out["pinned"])
+                break
+            out["pinned"].append(e.view())
+            used += e.tokens
+        hits = await anyio.to_thread.run_sync(self.recall_index.search, session, query, 200) if query.strip() else []
+        n = max(1, len(active) - 1)
+        scored = [
+            (score * (1 + RECENCY_WEIGHT * position[key] / n), key)
+            for key, score in hits
+            if key in position and not session.entries[key].pinned
+        ]
+        scored.sort(reverse=True)
+        if not query.strip() or not scored:
+            # no query (or nothing matched): the most recent notes
+            scored = [(0.0, e.id) for e in reversed(active) if not e.pinned]
+            if query.strip():
+                out["note"] = "nothing matched the query; showing the most recent notes"
+        left = 0
+        for score, key in scored:
+            entry = session.entries[key]
+            if used + entry.tokens > max_tokens:
+                left += 1
+                continue
+            view = entry.view()
+            if score:
+                view["score"] = round(score, 3)
+            out["matches"].append(view)
+            used += entry.tokens
+        if left:
+            out.setdefault("left_out", {})["matches"] = left
+            out["hint"] = "raise max_tokens or use a narrower query to see the rest"
+        out["tokens"] = used
+        out["max_tokens"] = max_tokens
+        return out

@@ -1,0 +1,193 @@
+"""Session memory state: rebuilt from the append-only log (the truth), indexed for recall."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gateway.search import SearchIndex
+from gateway.store import JsonlLog
+from gateway.tokens import estimate_tokens
+
+SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+class SessionError(ValueError):
+    pass
+
+
+def check_session_id(value: Any) -> str:
+    if not isinstance(value, str) or not SESSION_ID.match(value) or ".." in value:
+        raise SessionError(
+            "session_id must be 1-64 characters: letters, digits, '.', '_' or '-', starting with a letter "
+            f"or digit (got {value!r})"
+        )
+    return value
+
+
+@dataclass
+class Entry:
+    id: str
+    text: str
+    ts: float
+    pinned: bool = False
+    kind: str = "note"  # note | summary
+    tokens: int = 0
+    superseded_by: str | None = None
+    folds: list[str] = field(default_factory=list)
+    writer: str = ""
+
+    def view(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": self.id, "text": self.text}
+        if self.pinned:
+            out["pinned"] = True
+        if self.kind == "summary":
+            out["summary_of"] = len(self.folds)
+        return out
+
+
+class Session:
+    def __init__(self, session_id: str, folder: Path):
+        self.id = session_id
+        self.log = JsonlLog(folder / f"{session_id}.jsonl")
+        self.entries: dict[str, Entry] = {}
+        self.offset = 0
+        self.last_compaction: dict[str, Any] | None = None
+        self.lock = threading.Lock()
+
+    @property
+    def exists(self) -> bool:
+        return self.log.path.exists()
+
+    def refresh(self) -> list[dict[str, Any]]:
+        """Apply what was appended since the last read (by this or another process)."""
+        records, self.offset = self.log.read(self.offset)
+        for record in records:
+            self._apply(record)
+        return records
+
+    def _apply(self, record: dict[str, Any]) -> None:
+        kind = record.get("type")
+        if kind == "entry" and isinstance(record.get("id"), str) and isinstance(record.get("text"), str):
+            text = record["text"]
+            self.entries[record["id"]] = Entry(
+                id=record["id"],
+                text=text,
+                ts=float(record.get("ts") or 0),
+                pinned=bool(record.get("pinned")),
+                kind=record.get("kind", "note"),
+                tokens=int(record.get("tokens") or estimate_tokens(text)),
+                folds=list(record.get("folds") or []),
+                writer=str(record.get("writer") or ""),
+            )
+            if record.get("kind") == "summary":
+                self.last_compaction = {
+                    "at": record.get("ts"),
+                    "summary": record["id"],
+                    "folded": len(record.get("folds") or []),
+                    "writer": record.get("writer"),
+                }
+        elif kind == "patch" and record.get("id") in self.entries:
+            entry = self.entries[record["id"]]
+            if "superseded_by" in record:
+                entry.superseded_by = record["superseded_by"]
+            if "pinned" in record:
+                entry.pinned = bool(record["pinned"])
+
+    def active(self) -> list[Entry]:
+        return [e for e in self.entries.values() if e.superseded_by is None]
+
+    def used_tokens(self) -> int:
+        return sum(e.tokens for e in self.active())
+
+    def next_id(self, prefix: str) -> str:
+        n = sum(1 for e in self.entries if e.startswith(prefix)) + 1
+        return f"{prefix}{n:05d}"
+
+    def append_entry(self, text: str, pinned: bool) -> Entry:
+        created: list[dict[str, Any]] = []
+
+        def records() -> list[dict[str, Any]]:
+            self.refresh()  # under the lock: ids follow what any process wrote
+            created[:] = [
+                {
+                    "type": "entry",
+                    "id": self.next_id("e"),
+                    "ts": time.time(),
+                    "text": text,
+                    "pinned": pinned,
+                    "tokens": estimate_tokens(text),
+                }
+            ]
+            return created
+
+        self.log.append(records)
+        self.refresh()
+        return self.entries[created[0]["id"]]
+
+    def append_compaction(self, summary: str, folded: list[Entry], writer: str) -> Entry:
+        created: list[dict[str, Any]] = []
+
+        def records() -> list[dict[str, Any]]:
+            self.refresh()
+            sid = self.next_id("s")
+            now = time.time()
+            created[:] = [
+                {
+                    "type": "entry",
+                    "id": sid,
+                    "ts": now,
+                    "text": summary,
+                    "kind": "summary",
+                    "tokens": estimate_tokens(summary),
+                    "folds": [e.id for e in folded],
+                    "writer": writer,
+                }
+            ]
+            created.extend({"type": "patch", "id": e.id, "ts": now, "superseded_by": sid} for e in folded)
+            return created
+
+        self.log.append(records)  # the summary and its patches: one write
+        self.refresh()
+        return self.entries[created[0]["id"]]
+
+
+class RecallIndex:
+    """FTS5 over active entries of every session; follows each log incrementally, rebuilt when stale."""
+
+    def __init__(self, path: Path):
+        self.index = SearchIndex(path, table="entries", columns=("session",))
+        self.index.db.execute("CREATE TABLE IF NOT EXISTS indexed (session TEXT PRIMARY KEY, offset INTEGER)")
+        self._lock = threading.Lock()
+
+    def sync(self, session: Session) -> None:
+        with self._lock:
+            row = self.index.db.execute("SELECT offset FROM indexed WHERE session = ?", (session.id,)).fetchone()
+            done = row[0] if row else -1
+            if done == session.offset:
+                return
+            if done < 0 or done > session.offset or not self._incremental(session, done):
+                self.index.delete("session = ?", (session.id,))
+                self.index.add((e.id, e.text, (session.id,)) for e in session.active())
+            self.index.db.execute("INSERT OR REPLACE INTO indexed VALUES (?, ?)", (session.id, session.offset))
+
+    def _incremental(self, session: Session, start: int) -> bool:
+        records, end = session.log.read(start)
+        if end != session.offset:
+            return False
+        new = [r for r in records if r.get("type") == "entry" and r.get("id") in session.entries]
+        gone = [r["id"] for r in records if r.get("type") == "patch" and r.get("superseded_by")]
+        for entry_id in gone:
+            self.index.delete("session = ? AND key = ?", (session.id, entry_id))
+        self.index.add(
+            (r["id"], r["text"], (session.id,)) for r in new if session.entries[r["id"]].superseded_by is None
+        )
+        return True
+
+    def search(self, session: Session, query: str, limit: int) -> list[tuple[str, float]]:
+        self.sync(session)
+        return [(h.key, h.score) for h in self.index.search(query, limit, "session = ?", (session.id,))]
