@@ -119,7 +119,7 @@ async def main() -> None:
                         await call(s, "context_append", {"session_id": "bench", "text": texts[-1]})
                         appends.append((time.perf_counter() - t) * 1000)
                     recalls, naive = [], []
-                    for q in range(30):
+                    for _ in range(30):
                         query = " ".join(rng.sample(WORDS, 2) + rng.sample(KOREAN, 1))
                         t = time.perf_counter()
                         result = await call(

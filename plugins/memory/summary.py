@@ -47,7 +47,7 @@ def fallback_summary(entries: Sequence[Entry], target_tokens: int) -> str:
     """Whole entries ranked by their facts and recency; fact lines kept verbatim; identifiers listed."""
     ranked = sorted(
         range(len(entries)),
-        key=lambda i: (sum(_is_fact(l) for l in entries[i].text.splitlines()), i / max(1, len(entries))),
+        key=lambda i: (sum(_is_fact(ln) for ln in entries[i].text.splitlines()), i / max(1, len(entries))),
         reverse=True,
     )
     all_ids: list[str] = []
@@ -59,9 +59,9 @@ def fallback_summary(entries: Sequence[Entry], target_tokens: int) -> str:
     chosen: dict[int, list[str]] = {}
     used = 0
     for i in ranked:
-        lines = [l.strip() for l in entries[i].text.splitlines() if l.strip()]
-        facts = [l for l in lines if _is_fact(l)] or lines[:1]
-        cost = sum(estimate_tokens(l) + 1 for l in facts)
+        lines = [ln.strip() for ln in entries[i].text.splitlines() if ln.strip()]
+        facts = [ln for ln in lines if _is_fact(ln)] or lines[:1]
+        cost = sum(estimate_tokens(ln) + 1 for ln in facts)
         if used + cost > room and chosen:
             continue
         chosen[i] = facts
