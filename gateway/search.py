@@ -43,16 +43,29 @@ def words(text: str) -> list[str]:
     return _WORD.findall(text)
 
 
+_SPLITTABLE = re.compile(
+    rf"[{_CJK}]+"  # CJK runs: bigrams
+    r"|[A-Za-z0-9]*[a-z0-9][A-Z][A-Za-z0-9]*"  # camelCase / PascalCase humps
+    r"|[A-Z]{2,}[a-z][A-Za-z0-9]*"  # HTTPServer
+    r"|\w*[_\-./\\:][\w\-./\\:]*\w"  # snake_case, kebab-case, dotted.names, paths
+)
+
+
 def expand(text: str) -> str:
-    """The `extra` column: identifier splits and CJK bigrams."""
+    """The `extra` column: identifier splits and CJK bigrams. Plain words (most of any text) are
+    skipped with C-level string checks before any regex runs."""
     out: list[str] = []
-    for word in words(text):
-        if _CJK_RUN.match(word):
-            out.extend(cjk_bigrams(word))
-        else:
-            parts = identifier_parts(word)
-            if len(parts) > 1:
-                out.extend(parts)
+    find = _SPLITTABLE.findall
+    for chunk in text.split():
+        if chunk.isalpha() and chunk.isascii() and (chunk.islower() or chunk.isupper() or chunk.istitle()):
+            continue
+        for word in find(chunk):
+            if _CJK_RUN.match(word):
+                out.extend(cjk_bigrams(word))
+            else:
+                parts = identifier_parts(word)
+                if len(parts) > 1:
+                    out.extend(parts)
     return " ".join(out)
 
 
@@ -67,7 +80,9 @@ def query_terms(query: str) -> list[str]:
             parts = identifier_parts(word)
             if len(parts) > 1:
                 terms.extend(parts)
-    return list(dict.fromkeys(t for t in terms if t))[:MAX_QUERY_TERMS]
+    # identifier parts of one character ("v2" -> "v", "2") match almost everything: keep them only alone
+    useful = [t for t in terms if len(t) > 1 or _CJK_RUN.match(t)] or terms
+    return list(dict.fromkeys(t for t in useful if t))[:MAX_QUERY_TERMS]
 
 
 def match_expression(terms: Sequence[str]) -> str:
@@ -91,7 +106,7 @@ class SearchIndex:
     def __init__(self, path: Path | str, table: str = "docs", columns: Sequence[str] = ()):
         self.table = table
         self.columns = list(columns)  # extra UNINDEXED columns stored with each row
-        self._lock = threading.Lock()
+        self.lock = threading.RLock()  # one connection, shared with callers that add tables of their own
         if isinstance(path, Path):
             path.parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
@@ -107,7 +122,7 @@ class SearchIndex:
         """Rows of (key, text, extra column values)."""
         cols = ", ".join(["key", *self.columns, "body", "extra"])
         marks = ", ".join("?" * (len(self.columns) + 3))
-        with self._lock:
+        with self.lock:
             self.db.execute("BEGIN")
             try:
                 self.db.executemany(
@@ -120,7 +135,7 @@ class SearchIndex:
                 raise
 
     def delete(self, where: str, params: Sequence[object] = ()) -> None:
-        with self._lock:
+        with self.lock:
             self.db.execute(f"DELETE FROM {self.table} WHERE {where}", params)
 
     def search(self, query: str, limit: int = 10, where: str = "", params: Sequence[object] = ()) -> list[Hit]:
@@ -132,16 +147,16 @@ class SearchIndex:
             f"SELECT key, -bm25({self.table}, 0, {', '.join('0' for _ in self.columns) + ', ' if self.columns else ''}"
             f"1.0, 0.6) AS score FROM {self.table} WHERE {self.table} MATCH ?{condition} ORDER BY score DESC LIMIT ?"
         )
-        with self._lock:
+        with self.lock:
             rows = self.db.execute(sql, (match_expression(terms), *params, limit)).fetchall()
         return [Hit(key, score) for key, score in rows]
 
     def count(self, where: str = "", params: Sequence[object] = ()) -> int:
-        with self._lock:
+        with self.lock:
             return self.db.execute(
                 f"SELECT count(*) FROM {self.table}" + (f" WHERE {where}" if where else ""), params
             ).fetchone()[0]
 
     def close(self) -> None:
-        with self._lock:
+        with self.lock:
             self.db.close()

@@ -1,0 +1,239 @@
+"""Chunking that follows the document.
+
+Markdown is parsed with markdown-it-py: headings, paragraphs, lists, tables and fenced code stay
+whole; blocks are packed up to the chunk size and every chunk carries its heading path. Only a
+block larger than a whole chunk is split: a fence is re-opened and re-closed (with its language)
+on every piece, a table repeats its header. Plain text chunks by blank-line paragraphs, source
+code by top-level blocks.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from markdown_it import MarkdownIt
+
+from gateway.tokens import estimate_tokens
+
+CHUNK_TOKENS = 700
+CODE_SUFFIXES = {
+    ".py",
+    ".js",
+    ".ts",
+    ".tsx",
+    ".jsx",
+    ".go",
+    ".rs",
+    ".java",
+    ".kt",
+    ".c",
+    ".h",
+    ".cc",
+    ".cpp",
+    ".hpp",
+    ".cs",
+    ".rb",
+    ".php",
+    ".swift",
+    ".scala",
+    ".sh",
+    ".bash",
+    ".sql",
+    ".lua",
+    ".r",
+    ".m",
+}
+MARKDOWN_SUFFIXES = {".md", ".markdown", ".mdx", ".rst", ".txt.md"}
+_MD_HINT = re.compile(r"^(#{1,6} |```|~~~|\|.*\|\s*$|[-*] )", re.MULTILINE)
+_FENCE_OPEN = re.compile(r"^(\s*)(`{3,}|~{3,})(.*)$")
+
+
+@dataclass
+class Block:
+    text: str
+    kind: str  # heading | fence | table | other
+    line: int  # first line, 0-based
+    level: int = 0  # heading level
+    title: str = ""
+
+
+@dataclass
+class Chunk:
+    text: str
+    heading: str
+    line: int
+    tokens: int
+    part: str = ""
+
+
+def kind_of(name: str, text: str) -> str:
+    lower = name.lower()
+    if any(lower.endswith(s) for s in MARKDOWN_SUFFIXES):
+        return "markdown"
+    if any(lower.endswith(s) for s in CODE_SUFFIXES):
+        return "code"
+    if len(_MD_HINT.findall(text[:20000])) >= 2:
+        return "markdown"
+    return "text"
+
+
+def chunk_document(text: str, kind: str, size: int = CHUNK_TOKENS) -> list[Chunk]:
+    if kind == "markdown":
+        blocks = markdown_blocks(text)
+    elif kind == "code":
+        blocks = code_blocks(text)
+    else:
+        blocks = paragraph_blocks(text)
+    return pack(blocks, size)
+
+
+# Only block structure is needed: inline parsing (emphasis, links) is skipped.
+_MD = MarkdownIt("commonmark").enable("table").disable(["inline", "text_join"])
+
+
+def markdown_blocks(text: str) -> list[Block]:
+    lines = text.splitlines(keepends=True)
+    starts: list[tuple[int, str, int]] = []
+    for token in _MD.parse(text):
+        if token.level == 0 and token.nesting >= 0 and token.map:
+            kind = {"heading_open": "heading", "fence": "fence", "code_block": "fence", "table_open": "table"}.get(
+                token.type, "other"
+            )
+            level = int(token.tag[1]) if kind == "heading" else 0
+            starts.append((token.map[0], kind, level))
+    if not starts or starts[0][0] > 0:
+        starts.insert(0, (0, "other", 0))
+    blocks = []
+    for i, (start, kind, level) in enumerate(starts):
+        end = starts[i + 1][0] if i + 1 < len(starts) else len(lines)
+        body = "".join(lines[start:end])
+        if not body.strip():
+            continue
+        title = ""
+        if kind == "heading":
+            first = body.strip().splitlines()[0]
+            title = first.lstrip("#").strip().rstrip("#").strip() if first.startswith("#") else first.strip()
+        blocks.append(Block(body, kind, start, level, title))
+    return blocks
+
+
+def paragraph_blocks(text: str) -> list[Block]:
+    blocks, current, first = [], [], 0
+    for n, line in enumerate(text.splitlines(keepends=True)):
+        if not line.strip():
+            if current:
+                blocks.append(Block("".join(current) + line, "other", first))
+                current = []
+            continue
+        if not current:
+            first = n
+        current.append(line)
+    if current:
+        blocks.append(Block("".join(current), "other", first))
+    return blocks
+
+
+def code_blocks(text: str) -> list[Block]:
+    """Top-level blocks: a blank line followed by an unindented line starts a new block."""
+    blocks, current, first, blank = [], [], 0, False
+    for n, line in enumerate(text.splitlines(keepends=True)):
+        if current and blank and line.strip() and not line[0].isspace():
+            blocks.append(Block("".join(current), "other", first))
+            current, first = [], n
+        blank = not line.strip()
+        current.append(line)
+    if current:
+        blocks.append(Block("".join(current), "other", first))
+    return blocks
+
+
+def pack(blocks: list[Block], size: int) -> list[Chunk]:
+    chunks: list[Chunk] = []
+    path: list[tuple[int, str]] = []
+    current: list[Block] = []
+    current_heading = ""
+    used = 0
+
+    def flush() -> None:
+        nonlocal current, used
+        if current:
+            # the sum of the blocks' estimates: each block is estimated once
+            chunks.append(Chunk("".join(b.text for b in current), current_heading, current[0].line, used))
+        current, used = [], 0
+
+    for block in blocks:
+        if block.kind == "heading":
+            while path and path[-1][0] >= block.level:
+                path.pop()
+            path.append((block.level, block.title))
+            if any(b.kind != "heading" for b in current):
+                flush()  # every section starts a new chunk (a heading right above it joins it)
+            current_heading = " > ".join(t for _, t in path)
+        cost = estimate_tokens(block.text)
+        if cost > size:
+            flush()
+            heading = " > ".join(t for _, t in path)
+            pieces = split_block(block, size)
+            for i, piece in enumerate(pieces, 1):
+                chunks.append(Chunk(piece, heading, block.line, estimate_tokens(piece), f"{i}/{len(pieces)}"))
+            continue
+        if used + cost > size:
+            flush()
+        if not current and block.kind != "heading":
+            current_heading = " > ".join(t for _, t in path)
+        current.append(block)
+        used += cost
+    flush()
+    return chunks
+
+
+def split_block(block: Block, size: int) -> list[str]:
+    lines = block.text.splitlines(keepends=True)
+    if block.kind == "fence" and lines and (opening := _FENCE_OPEN.match(lines[0].rstrip("\n"))):
+        marker = opening.group(2)
+        closing_index = len(lines)
+        for i in range(len(lines) - 1, 0, -1):
+            if lines[i].strip().startswith(marker[0] * 3):
+                closing_index = i
+                break
+        inner = lines[1:closing_index]
+        head = lines[0] if lines[0].endswith("\n") else lines[0] + "\n"
+        tail = opening.group(1) + marker + "\n"
+        room = size - estimate_tokens(head + tail) - 2
+        return [head + "".join(group) + tail for group in _group(inner, room)]
+    if block.kind == "table" and len(lines) > 2:
+        header = "".join(lines[:2])
+        room = size - estimate_tokens(header) - 2
+        return [header + "".join(group) for group in _group(lines[2:], room)]
+    return ["".join(group) for group in _group(lines, size)]
+
+
+def _group(lines: list[str], room: int) -> list[list[str]]:
+    groups: list[list[str]] = []
+    current: list[str] = []
+    used = 0
+    for line in lines:
+        cost = estimate_tokens(line)
+        while cost > room:  # one enormous line: cut it at whitespace
+            cut = _cut_point(line, room)
+            if current:
+                groups.append(current)
+                current, used = [], 0
+            groups.append([line[:cut] + ("\n" if not line[:cut].endswith("\n") else "")])
+            line = line[cut:]
+            cost = estimate_tokens(line)
+        if used + cost > room and current:
+            groups.append(current)
+            current, used = [], 0
+        current.append(line)
+        used += cost
+    if current:
+        groups.append(current)
+    return groups
+
+
+def _cut_point(line: str, room: int) -> int:
+    cut = max(1, len(line) * room // max(1, estimate_tokens(line)))
+    space = line.rfind(" ", cut // 2, cut)
+    return space + 1 if space > 0 else cut
