@@ -15,6 +15,7 @@ from typing import Any
 import mcp_types as types
 
 from gateway.settings import Settings
+from gateway.tokens import estimate_tokens
 from gateway.upstream import Upstream
 
 log = logging.getLogger("gateway.catalog")
@@ -145,5 +146,10 @@ def _owner(owner: str) -> str:
 
 
 def tool_wire(tool: types.Tool) -> dict[str, Any]:
-    """A tool as the host receives it (for token costs)."""
+    """A tool as the host receives it."""
     return tool.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+
+def definition_tokens(tools: list[types.Tool]) -> int:
+    """Tokens of tool definitions as they go over the wire (compact JSON): one figure for every report."""
+    return sum(estimate_tokens(tool.model_dump_json(by_alias=True, exclude_none=True)) for tool in tools)

@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "hook":
             from gateway.hook import run_hook
 
-            return run_hook(statusline=args.statusline)
+            return run_hook(statusline_mode=args.statusline)
         settings = _settings(args)
         if args.command == "inspect":
             return anyio.run(cmd_inspect, settings)

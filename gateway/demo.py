@@ -12,6 +12,7 @@ from typing import Any
 import mcp_types as types
 from mcp import ClientSession
 
+from gateway.catalog import definition_tokens
 from gateway.results import result_text
 from gateway.settings import Settings
 from gateway.stdio_transport import linear_stdio_client
@@ -67,7 +68,7 @@ async def run_demo(settings: Settings) -> int:
             sep = settings.gateway.separator
             upstream_tools = [n for n in names if sep in n]
             servers = sorted({n.split(sep, 1)[0] for n in upstream_tools})
-            definitions = sum(estimate_tokens(t.model_dump_json(by_alias=True, exclude_none=True)) for t in tools)
+            definitions = definition_tokens(tools)
             print(
                 f"  host sees {len(names)} tools (~{definitions} tokens of definitions): "
                 f"{len(upstream_tools)} from {', '.join(servers) or 'no server'}, "

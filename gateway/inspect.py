@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import json
-
 import anyio
 
-from gateway.catalog import tool_wire
+from gateway.catalog import definition_tokens
 from gateway.server import Gateway
 from gateway.settings import Settings
-from gateway.tokens import estimate_tokens
-
-
-def definition_tokens(tools: list) -> int:
-    return sum(estimate_tokens(json.dumps(tool_wire(t), ensure_ascii=False)) for t in tools)
 
 
 def _table(rows: list[list[str]]) -> str:

@@ -172,3 +172,23 @@ def numeric(count: int = 60) -> list[str]:
 
 
 KINDS |= {"opaque": opaque, "numeric": numeric}
+
+
+def schemas(count: int = 60) -> list[str]:
+    """JSON Schemas as MCP tool definitions carry them: the SDK's own models, minified (one per line)."""
+    import inspect as _inspect
+
+    import mcp_types
+    import pydantic
+
+    texts = []
+    for _, obj in sorted(vars(mcp_types).items()):
+        if _inspect.isclass(obj) and issubclass(obj, pydantic.BaseModel) and obj is not pydantic.BaseModel:
+            try:
+                texts.append(json.dumps(obj.model_json_schema(), separators=(",", ":")))
+            except Exception:
+                continue
+    return _windows("\n".join(texts), count, 8)
+
+
+KINDS["schemas"] = schemas

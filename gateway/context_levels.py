@@ -1,0 +1,109 @@
+"""When to warn that the context window runs low, and how to say it (shared by the monitor plugin
+and the `hook` command). Rules after the get-shit-done context monitor: WARNING at <= 35 %
+remaining, CRITICAL at <= 25 %; the first warning at once, then at most one every 5 tool calls;
+WARNING -> CRITICAL skips the wait. Advisory wording: users found imperative texts overriding
+what they had asked for.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+WARNING_AT = 35.0
+CRITICAL_AT = 25.0
+DEBOUNCE_CALLS = 5
+STALE_SECONDS = 60.0
+_SEVERITY = {None: 0, "WARNING": 1, "CRITICAL": 2}
+_SAFE_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+
+
+def level_for(remaining_pct: float) -> str | None:
+    if remaining_pct <= CRITICAL_AT:
+        return "CRITICAL"
+    if remaining_pct <= WARNING_AT:
+        return "WARNING"
+    return None
+
+
+@dataclass
+class Debounce:
+    last_level: str | None = None
+    calls_since: int = 0
+
+    def should_warn(self, level: str | None) -> bool:
+        """Count one tool call; True when a note should go out now."""
+        self.calls_since += 1
+        if level is None:
+            self.last_level, self.calls_since = None, 0
+            return False
+        escalated = _SEVERITY[level] > _SEVERITY[self.last_level]
+        if self.last_level is None or escalated or self.calls_since >= DEBOUNCE_CALLS:
+            self.last_level, self.calls_since = level, 0
+            return True
+        return False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"last_level": self.last_level, "calls_since": self.calls_since}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Debounce:
+        if not isinstance(data, dict) or data.get("last_level") not in _SEVERITY:
+            return cls()
+        calls = data.get("calls_since")
+        return cls(data["last_level"], calls if isinstance(calls, int) and calls >= 0 else 0)
+
+
+def note_text(level: str, remaining_pct: float, window: int | None, source: str) -> str:
+    """The note appended to a tool result (<= 60 tokens)."""
+    size = f" of the {window // 1000}k-token window" if window else ""
+    left = f"about {max(0, round(remaining_pct))}%{size} is left ({source})"
+    if level == "CRITICAL":
+        return (
+            f"Context note: only {left}. Consider saving what you still need with context_append, then "
+            "context_compact, and keep tool results small."
+        )
+    return f"Context note: {left}. Consider saving key facts with context_append and running context_compact."
+
+
+def safe_session_id(session_id: Any) -> str | None:
+    if not isinstance(session_id, str) or not _SAFE_ID.match(session_id) or ".." in session_id:
+        return None
+    return session_id
+
+
+def bridge_path(session_id: str, folder: Path | None = None) -> Path:
+    return (folder or Path(tempfile.gettempdir())) / f"claude-ctx-{session_id}.json"
+
+
+def read_bridge(path: Path, now: float | None = None) -> float | None:
+    """`remaining_percentage` from a statusline bridge file, or None when missing, broken or stale."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        remaining = float(data["remaining_percentage"])
+        stamp = float(data["timestamp"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if stamp > 1e12:  # milliseconds
+        stamp /= 1000
+    if (now or time.time()) - stamp > STALE_SECONDS or not 0 <= remaining <= 100:
+        return None
+    return remaining
+
+
+def fresh_bridges(folder: Path | None = None, now: float | None = None) -> list[tuple[str, float]]:
+    """(session id, remaining %) of every fresh bridge file in the temp folder."""
+    out = []
+    for path in (folder or Path(tempfile.gettempdir())).glob("claude-ctx-*.json"):
+        sid = path.name[len("claude-ctx-") : -len(".json")]
+        if sid.endswith(".state") or safe_session_id(sid) is None:
+            continue
+        remaining = read_bridge(path, now)
+        if remaining is not None:
+            out.append((sid, remaining))
+    return out

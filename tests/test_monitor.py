@@ -1,0 +1,189 @@
+"""Context monitor: levels, debounce, escalation, note size and tone; the host hook as a real process."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import mcp_types as types
+import pytest
+import token_corpus
+from conftest import PY, gateway_env, inproc, make_settings, probe, text_of, write_config
+from mcp import ClientSession
+
+pytestmark = pytest.mark.anyio
+IMPERATIVE = ("STOP", "MUST", "IMMEDIATELY", "NOW!")
+
+
+async def call(session: ClientSession, name: str, args: dict[str, Any] | None = None) -> types.CallToolResult:
+    return await session.send_request(
+        types.CallToolRequest(params=types.CallToolRequestParams(name=name, arguments=args or {})),
+        types.CallToolResult,
+    )
+
+
+def cl100k(text: str) -> int:
+    return len(token_corpus.tokenizers()["cl100k"].encode(text))
+
+
+def notes_of(result: types.CallToolResult) -> list[str]:
+    return [b.text for b in result.content if isinstance(b, types.TextContent) and b.text.startswith("Context note")]
+
+
+async def test_levels_debounce_and_escalation(tmp_path: Path) -> None:
+    settings = make_settings(
+        tmp_path,
+        {"p": probe("p")},
+        plugins=["offload", "memory", "monitor"],
+        context_window=8000,
+        budget=4000,
+        max_response_tokens=3000,
+    )
+    async with inproc(settings) as (gateway, s):
+        await s.list_tools()
+        definitions = gateway.pipeline.status("stdio")["monitor"]["definitions"]
+        assert definitions > 500
+        chunk = "word " * 200  # ~206 tokens per call
+        seen: list[tuple[float, str | None]] = []
+        for _ in range(40):
+            result = await call(s, "p__echo", {"text": chunk})
+            status = gateway.pipeline.status("stdio")["monitor"]
+            notes = notes_of(result)
+            assert text_of(result).startswith(chunk)  # the result itself is unchanged
+            seen.append((status["remaining_pct"], notes[0] if notes else None))
+        warnings = [(i, r) for i, (r, n) in enumerate(seen) if n and not n.startswith("Context note: only")]
+        criticals = [(i, r) for i, (r, n) in enumerate(seen) if n and n.startswith("Context note: only")]
+        quiet_above = [n for r, n in seen if r > 35 and n]
+        assert not quiet_above, "no note while more than 35% remains"
+        first = warnings[0][0]
+        assert seen[first][0] <= 35 and seen[first - 1][0] > 35, "the first warning comes at once"
+        # then at most one every 5 calls, and the step to CRITICAL does not wait
+        assert all(b - a >= 5 for (a, _), (b, _) in itertools.pairwise(warnings))
+        crit = criticals[0][0]
+        assert seen[crit][0] <= 25 and seen[crit - 1][0] > 25 and crit - warnings[-1][0] < 5
+        assert all(b - a == 5 for (a, _), (b, _) in itertools.pairwise(criticals))
+        for _, note in seen:
+            if note:
+                assert cl100k(note) <= 60 and "Consider" in note
+                assert not any(word in note for word in IMPERATIVE)
+                assert "tool traffic only" in note  # honest about what it measures
+        status = (await call(s, "context_status", {"session_id": "m"})).structured_content
+        assert status["gateway"]["monitor"]["level"] == "CRITICAL" and status["gateway"]["monitor"]["window"] == 8000
+
+
+async def test_fresh_host_figure_replaces_the_ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("CTX_HOST_SESSION_ID", "sess-1")
+    (tmp_path / "claude-ctx-sess-1.json").write_text(json.dumps({"remaining_percentage": 20, "timestamp": time.time()}))
+    settings = make_settings(tmp_path, {"p": probe("p")}, plugins=["monitor"], context_window=1_000_000)
+    async with inproc(settings) as (gateway, s):
+        result = await call(s, "p__echo", {"text": "tiny"})
+        assert notes_of(result) and "reported by the host" in notes_of(result)[0]
+        assert gateway.pipeline.status("stdio")["monitor"]["source"] == "reported by the host"
+        (tmp_path / "claude-ctx-sess-1.json").write_text(
+            json.dumps({"remaining_percentage": 20, "timestamp": time.time() - 120})
+        )
+        assert gateway.pipeline.status("stdio")["monitor"]["source"].startswith("gateway estimate")
+
+
+def run_hook(stdin: str | bytes, tmp_path: Path, *args: str) -> tuple[int, str, float]:
+    started = time.monotonic()
+    out = subprocess.run(
+        [PY, "-m", "gateway", "hook", *args],
+        input=stdin if isinstance(stdin, bytes) else stdin.encode(),
+        capture_output=True,
+        timeout=30,
+        env=gateway_env(TMPDIR=str(tmp_path)),
+    )
+    return out.returncode, out.stdout.decode(), time.monotonic() - started
+
+
+def bridge(tmp_path: Path, sid: str, remaining: float, age: float = 0) -> None:
+    (tmp_path / f"claude-ctx-{sid}.json").write_text(
+        json.dumps({"session_id": sid, "remaining_percentage": remaining, "timestamp": time.time() - age})
+    )
+
+
+def test_hook_levels_debounce_and_statusline(tmp_path: Path) -> None:
+    event = json.dumps({"session_id": "abc", "hook_event_name": "PostToolUse", "tool_name": "Read"})
+    bridge(tmp_path, "abc", 50)
+    assert run_hook(event, tmp_path)[:2] == (0, "")
+    bridge(tmp_path, "abc", 30)
+    code, out, elapsed = run_hook(event, tmp_path)
+    payload = json.loads(out)["hookSpecificOutput"]
+    assert code == 0 and payload["hookEventName"] == "PostToolUse" and "about 30%" in payload["additionalContext"]
+    assert elapsed < 2.0 + 1.5  # the hook's own work is bounded; most of this is interpreter start-up
+    assert [run_hook(event, tmp_path)[1] for _ in range(4)] == [""] * 4
+    assert run_hook(event, tmp_path)[1]  # the 5th call after a warning warns again
+    bridge(tmp_path, "abc", 20)
+    critical = json.loads(run_hook(event, tmp_path)[1])["hookSpecificOutput"]["additionalContext"]
+    assert "only about 20%" in critical  # escalation does not wait
+    gemini = json.dumps({"session_id": "gem", "hook_event_name": "AfterTool"})
+    bridge(tmp_path, "gem", 10)
+    assert json.loads(run_hook(gemini, tmp_path)[1])["hookSpecificOutput"]["hookEventName"] == "AfterTool"
+    # the statusline side writes the bridge from Claude Code's statusline JSON
+    status = json.dumps(
+        {"session_id": "sl-1", "context_window": {"used_percentage": 71.5, "context_window_size": 200000}}
+    )
+    code, out, _ = run_hook(status, tmp_path, "--statusline")
+    assert code == 0 and out.strip() == "ctx 28% left"
+    saved = json.loads((tmp_path / "claude-ctx-sl-1.json").read_text())
+    assert saved["remaining_percentage"] == pytest.approx(28.5)
+    assert (
+        "about 28%"
+        in json.loads(run_hook(json.dumps({"session_id": "sl-1"}), tmp_path)[1])["hookSpecificOutput"][
+            "additionalContext"
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    "stdin",
+    [
+        b"",
+        b"not json",
+        b"[1,2,3]",
+        b'{"session_id": "../../etc/passwd"}',
+        b'{"session_id": "a/b"}',
+        b'{"session_id": "a\\\\b"}',
+        b'{"session_id": 42}',
+        b'{"session_id": "stale"}',
+        b'{"session_id": "missing"}',
+        b'{"session_id": "garbage"}',
+        b"\xff\xfe\x00binary",
+    ],
+)
+def test_hook_is_silent_on_bad_or_stale_input(tmp_path: Path, stdin: bytes) -> None:
+    bridge(tmp_path, "stale", 10, age=120)
+    (tmp_path / "claude-ctx-garbage.json").write_text("{broken")
+    code, out, _ = run_hook(stdin, tmp_path)
+    assert (code, out) == (0, "")
+
+
+def test_gateway_tool_definitions_fit_in_2000_tokens(tmp_path: Path) -> None:
+    """All of the gateway's own tools together, as a host receives them, measured with cl100k."""
+    from gateway.server import Gateway
+
+    settings = make_settings(tmp_path, {}, plugins=["offload", "memory", "documents", "monitor"])
+    gateway = Gateway(settings)
+    wire = [t.model_dump(by_alias=True, mode="json", exclude_none=True) for t in gateway.visible_tools()]
+    assert len(wire) >= 15
+    total = sum(cl100k(json.dumps(t, ensure_ascii=False, separators=(",", ":"))) for t in wire)  # as sent
+    assert total <= 2000, f"gateway tool definitions take {total} tokens"
+    cfg = write_config(tmp_path, {}, plugins=["offload", "memory", "documents", "monitor"])
+    out = subprocess.run(
+        [PY, "-m", "gateway", "inspect", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=gateway_env(),
+    )
+    gateway_row = next(line for line in out.stdout.splitlines() if line.startswith("(gateway)"))
+    assert int(gateway_row.split()[-1]) >= total  # inspect's estimate leans high
