@@ -32,10 +32,22 @@ async def inspect_report(settings: Settings) -> tuple[str, bool]:
         own = [spec.tool for spec in gateway.own_tools.values()]
         rows.append(["(gateway)", "-", "ok", str(len(own)), str(definition_tokens(own))])
         listed = await gateway.listed_tools("inspect")
+        mode, reason = gateway.tool_catalog.decide()
+        upstream_all = list(gateway.catalog.tools.values())
+        meta = [spec.tool for spec in gateway.meta_tools.values()]
+        pinned = [
+            t
+            for n, t in gateway.catalog.tools.items()
+            if gateway.upstreams[gateway.catalog.tool_routes[n].server].config.pin
+        ]
         lines = [
             _table(rows),
             "",
-            f"host receives {len(listed)} tools, ~{definition_tokens(listed)} tokens of definitions",
+            f"host receives {len(listed)} tools, ~{definition_tokens(listed)} tokens of definitions "
+            f"(tool mode {mode}; {reason})",
+            f"  direct mode would list {len(own) + len(upstream_all)} tools, ~{definition_tokens(own + upstream_all)}"
+            f" tokens; catalog mode {len(own) + len(meta) + len(pinned)} tools, "
+            f"~{definition_tokens(own + meta + pinned)} tokens",
         ]
         for line in gateway.catalog.collisions:
             ok = False

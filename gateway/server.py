@@ -21,11 +21,13 @@ from gateway.llm import LLMClient
 from gateway.plugin import GatewayContext, Pipeline, Plugin, PluginTool, ToolCall, load_plugins
 from gateway.results import error_result
 from gateway.settings import Settings
+from gateway.tool_catalog import ToolCatalog
 from gateway.upstream import Upstream
 
 log = logging.getLogger("gateway.server")
 
 PAGE_SIZE = 100
+META_TOOLS = ("tool_search", "tool_schema", "tool_call")
 MAX_HOSTS = 64  # host connections remembered for list_changed pushes
 READY_WAIT_CAP = 90.0  # longest a first tools/list waits for slow upstreams to come up
 
@@ -91,9 +93,11 @@ class Gateway:
         }
         self.pipeline = Pipeline(load_plugins(settings.gateway.plugins) if plugins is None else plugins)
         self.own_tools: dict[str, PluginTool] = self.pipeline.tools()
-        self.catalog = Catalog(settings, self.upstreams, reserved=set(self.own_tools))
         self.llm = LLMClient(settings.llm, workspace)
+        self.catalog = Catalog(settings, self.upstreams, reserved=set(self.own_tools) | set(META_TOOLS))
         self.context = GatewayContext(settings=settings, catalog=self.catalog, llm=self.llm, pipeline=self.pipeline)
+        self.tool_catalog = ToolCatalog(self.catalog, self.call, self.context.window)
+        self.meta_tools: dict[str, PluginTool] = {spec.tool.name: spec for spec in self.tool_catalog.tools()}
         self.hosts: OrderedDict[str, ServerSession] = OrderedDict()
         self.bus = InMemorySubscriptionBus()
         self._listed: tuple[Any, ...] = ()
@@ -156,7 +160,7 @@ class Gateway:
 
     def _snapshot(self) -> tuple[Any, ...]:
         return (
-            tuple((n, t.model_dump_json()) for n, t in self.catalog.tools.items()),
+            tuple(t.model_dump_json() for t in self.visible_tools()),
             tuple(r.uri for r in self.catalog.resources()),
             tuple(t.uri_template for t in self.catalog.resource_templates()),
             tuple(self.catalog.prompts),
@@ -191,13 +195,21 @@ class Gateway:
 
     def instructions(self) -> str:
         names = ", ".join(self.upstreams) or "no servers"
-        return (
+        text = (
             f"mcp-context-gateway fronts these MCP servers: {names}. Their tools are named "
-            f"<server>{self.settings.gateway.separator}<tool>. "
-            "Large results are saved to files and replaced by a fileRef; call context_guide for the workflow."
-            if self.own_tools
-            else f"mcp-context-gateway fronts these MCP servers: {names}."
+            f"<server>{self.settings.gateway.separator}<tool>."
         )
+        mode = self.settings.gateway.tool_mode
+        if mode == "catalog":
+            text += " Catalog mode: find upstream tools with tool_search, read tool_schema, call with tool_call."
+        elif mode == "auto":
+            text += (
+                " Tool mode auto: if only tool_search/tool_schema/tool_call are listed, the upstream tools "
+                "are behind that catalog (their definitions would take over 1/4 of the window)."
+            )
+        if self.own_tools:
+            text += " Large results are saved to files and replaced by a fileRef; call context_guide for the workflow."
+        return text
 
     def _build_server(self) -> GatewayServer:
         server = GatewayServer(
@@ -219,8 +231,10 @@ class Gateway:
         return server
 
     def visible_tools(self) -> list[types.Tool]:
-        """What the host is shown: the gateway's own tools, then every upstream tool."""
-        return [spec.tool for spec in self.own_tools.values()] + list(self.catalog.tools.values())
+        """What the host is shown: the gateway's own tools, the catalog meta-tools when any upstream is
+        behind the catalog, then the upstream tools listed directly."""
+        meta = [spec.tool for spec in self.meta_tools.values()] if self.tool_catalog.active() else []
+        return [spec.tool for spec in self.own_tools.values()] + meta + self.tool_catalog.direct_tools()
 
     async def listed_tools(self, session_id: str) -> list[types.Tool]:
         return await self.pipeline.on_tools_listed(self.visible_tools(), session_id)
@@ -250,7 +264,7 @@ class Gateway:
 
     async def call(self, call: ToolCall, meta: dict[str, Any] | None = None) -> types.CallToolResult:
         """Run a tool by its host-facing name (own tool or upstream); fills in `call.server`/`call.tool`."""
-        spec = self.own_tools.get(call.name)
+        spec = self.own_tools.get(call.name) or self.meta_tools.get(call.name)
         if spec is not None:
             return await spec.handler(call)
         route = self.catalog.tool_routes.get(call.name)

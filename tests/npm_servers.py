@@ -15,7 +15,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 NPM_DIR = Path(os.environ.get("CTX_TEST_NPM_DIR", ROOT / ".ci" / "npm"))
-PACKAGES = ["@modelcontextprotocol/server-everything@2026.8.31", "@modelcontextprotocol/server-filesystem@2026.8.31"]
+PACKAGES = [
+    "@modelcontextprotocol/server-everything@2026.8.31",
+    "@modelcontextprotocol/server-filesystem@2026.8.31",
+    "@modelcontextprotocol/server-memory@2026.8.31",
+]
 LOOPBACK_PRELOAD = Path(__file__).parent / "servers" / "loopback.cjs"
 
 

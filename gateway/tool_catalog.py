@@ -1,0 +1,234 @@
+"""Catalog mode: many servers behind one entry without drowning a small model in definitions.
+
+Instead of every upstream definition, the host is shown three meta-tools: tool_search (FTS5 over
+names split like identifiers, descriptions and argument names), tool_schema (one full definition)
+and tool_call (arguments checked against the upstream schema, then the normal pipeline).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import jsonschema
+import mcp_types as types
+
+from gateway.args import Args, ToolInputError
+from gateway.catalog import Catalog, definition_tokens
+from gateway.plugin import PluginTool, ToolCall
+from gateway.results import error_result, json_result
+from gateway.search import SearchIndex
+
+CallFn = Callable[[ToolCall], Awaitable[types.CallToolResult]]
+MAX_SCHEMA_QUOTE = 1500
+
+
+def _schema(props: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    return {"type": "object", "properties": props, "required": required}
+
+
+def one_line(text: str | None, limit: int = 120) -> str:
+    line = " ".join((text or "").split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+class ToolCatalog:
+    def __init__(self, catalog: Catalog, call: CallFn, window: Callable[[], int]):
+        self.catalog = catalog
+        self._call = call
+        self._window = window
+        self._index: SearchIndex | None = None
+        self._indexed_version = -1
+        self._validators: dict[str, Any] = {}
+
+    # -- which tools the host sees ---------------------------------------------------------------
+
+    def _server_mode(self, server: str, global_mode: str) -> str:
+        cfg = self.catalog.upstreams[server].config
+        if cfg.pin:
+            return "direct"
+        if cfg.tool_mode in ("direct", "catalog"):
+            return cfg.tool_mode
+        return global_mode
+
+    def decide(self) -> tuple[str, str]:
+        """(mode, reason) for the global setting; `auto` picks catalog above a quarter of the window."""
+        setting = self.catalog.settings.gateway.tool_mode
+        if setting != "auto":
+            return setting, f"tool_mode = {setting}"
+        unpinned = [
+            t
+            for name, t in self.catalog.tools.items()
+            if not self.catalog.upstreams[self.catalog.tool_routes[name].server].config.pin
+        ]
+        cost, quarter = definition_tokens(unpinned), self._window() // 4
+        if cost > quarter:
+            return (
+                "catalog",
+                f"auto: upstream definitions take ~{cost} tokens, more than 1/4 of the {self._window()}-token window",
+            )
+        return (
+            "direct",
+            f"auto: upstream definitions take ~{cost} tokens, within 1/4 of the {self._window()}-token window",
+        )
+
+    def direct_tools(self) -> list[types.Tool]:
+        mode, _ = self.decide()
+        return [
+            t
+            for name, t in self.catalog.tools.items()
+            if self._server_mode(self.catalog.tool_routes[name].server, mode) == "direct"
+        ]
+
+    def active(self) -> bool:
+        """Whether any upstream tool is behind the catalog (then the meta-tools are listed)."""
+        mode, _ = self.decide()
+        return any(self._server_mode(s, mode) == "catalog" for s in self.catalog.upstreams)
+
+    # -- the index ---------------------------------------------------------------------------------
+
+    def _ensure_index(self) -> SearchIndex:
+        if self._index is None:
+            self._index = SearchIndex(":memory:", table="tools", columns=("server",))
+        if self._indexed_version != self.catalog.version:
+            self._index.delete("1 = 1")
+            rows = []
+            for name, tool in self.catalog.tools.items():
+                route = self.catalog.tool_routes[name]
+                props = (tool.input_schema or {}).get("properties") or {}
+                arg_text = " ".join(
+                    f"{k} {one_line(v.get('description') if isinstance(v, dict) else '', 60)}" for k, v in props.items()
+                )
+                words = f"{name} {route.name.replace('-', ' ').replace('_', ' ')} {tool.title or ''}"
+                rows.append((name, f"{words}\n{tool.description or ''}\n{arg_text}", (route.server,)))
+            self._index.add(rows)
+            self._indexed_version = self.catalog.version
+            self._validators.clear()
+        return self._index
+
+    # -- the meta-tools ------------------------------------------------------------------------------
+
+    def tools(self) -> list[PluginTool]:
+        return [
+            PluginTool(
+                types.Tool(
+                    name="tool_search",
+                    description="Find upstream tools by what they do; returns names to use "
+                    "with tool_schema and tool_call.",
+                    input_schema=_schema(
+                        {"query": {"type": "string"}, "server": {"type": "string"}, "limit": {"type": "integer"}},
+                        ["query"],
+                    ),
+                ),
+                self.search,
+            ),
+            PluginTool(
+                types.Tool(
+                    name="tool_schema",
+                    description="The full definition (arguments) of one upstream tool.",
+                    input_schema=_schema({"name": {"type": "string"}}, ["name"]),
+                ),
+                self.schema,
+            ),
+            PluginTool(
+                types.Tool(
+                    name="tool_call",
+                    description="Call an upstream tool by name with its arguments.",
+                    input_schema=_schema({"name": {"type": "string"}, "arguments": {"type": "object"}}, ["name"]),
+                ),
+                self.call,
+            ),
+        ]
+
+    async def search(self, call: ToolCall) -> types.CallToolResult:
+        try:
+            args = Args(call.arguments, "tool_search")
+            query = args.str("query", required=True, max_len=500)
+            server = args.str("server")
+            limit = args.int("limit", 5, lo=1, hi=30)
+        except ToolInputError as exc:
+            return error_result(str(exc))
+        if server is not None and server not in self.catalog.upstreams:
+            return error_result(f"tool_search: unknown server {server!r}; servers: {', '.join(self.catalog.upstreams)}")
+        index = self._ensure_index()
+        where, params = ("server = ?", (server,)) if server else ("", ())
+        hits = index.search(query, limit, where, params)
+        results = []
+        for hit in hits:
+            tool = self.catalog.tools.get(hit.key)
+            if tool is None:  # gone since the last rebuild: never offered
+                continue
+            results.append(
+                {
+                    "name": hit.key,
+                    "server": self.catalog.tool_routes[hit.key].server,
+                    "description": one_line(tool.description),
+                }
+            )
+        payload: dict[str, Any] = {"query": query, "tools": results}
+        if not results:
+            payload["note"] = "no tool matched; try other words (what the tool does, or an argument name)"
+        else:
+            payload["next"] = f"tool_schema(name='{results[0]['name']}'), then tool_call"
+        return json_result(payload)
+
+    async def schema(self, call: ToolCall) -> types.CallToolResult:
+        try:
+            name = Args(call.arguments, "tool_schema").str("name", required=True, max_len=200)
+        except ToolInputError as exc:
+            return error_result(str(exc))
+        tool = self.catalog.tools.get(name)
+        if tool is None:
+            return error_result(f"tool_schema: no upstream tool named {name!r}; use tool_search to find one")
+        wire = tool.model_dump(by_alias=True, mode="json", exclude_none=True)
+        wire.pop("outputSchema", None)  # results may be replaced by a fileRef (offload)
+        return json_result(wire)
+
+    async def call(self, call: ToolCall) -> types.CallToolResult:
+        try:
+            args = Args(call.arguments, "tool_call")
+            name = args.str("name", required=True, max_len=200)
+            arguments = args.raw.get("arguments") or {}
+        except ToolInputError as exc:
+            return error_result(str(exc))
+        if not isinstance(arguments, dict):
+            return error_result('tool_call: `arguments` must be an object, e.g. {"path": "/tmp/a.txt"}')
+        tool = self.catalog.tools.get(name)
+        if tool is None:
+            return error_result(f"tool_call: no upstream tool named {name!r}; use tool_search to find one")
+        self._ensure_index()
+        problem = self._check(name, tool, arguments)
+        if problem:
+            return error_result(problem)
+        target = ToolCall(
+            name=name, arguments=arguments, session_id=call.session_id, report_progress=call.report_progress
+        )
+        result = await self._call(target)
+        # the outer pipeline (offload, monitor) sees the upstream call, not the meta-tool
+        call.server, call.tool = target.server, target.tool
+        return result
+
+    def _check(self, name: str, tool: types.Tool, arguments: dict[str, Any]) -> str | None:
+        schema = tool.input_schema or {"type": "object"}
+        validator = self._validators.get(name)
+        if validator is None:
+            try:
+                cls = jsonschema.validators.validator_for(schema)
+                cls.check_schema(schema)
+                validator = cls(schema)
+            except jsonschema.SchemaError:
+                return None  # the upstream's own schema is broken: let the upstream judge
+            self._validators[name] = validator
+        errors = sorted(validator.iter_errors(arguments), key=lambda e: list(e.path))
+        if not errors:
+            return None
+        lines = [f"- {'.'.join(str(p) for p in e.path) or '(arguments)'}: {e.message}" for e in errors[:5]]
+        quoted = json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
+        if len(quoted) > MAX_SCHEMA_QUOTE:
+            quoted = quoted[:MAX_SCHEMA_QUOTE] + "…(see tool_schema)"
+        return (
+            f"tool_call: the arguments for {name} do not match its schema:\n"
+            + "\n".join(lines)
+            + f"\nExpected input schema: {quoted}\nFix the arguments and call tool_call again."
+        )
