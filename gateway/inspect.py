@@ -48,6 +48,8 @@ async def inspect_report(settings: Settings) -> tuple[str, bool]:
             f"  direct mode would list {len(own) + len(upstream_all)} tools, ~{definition_tokens(own + upstream_all)}"
             f" tokens; catalog mode {len(own) + len(meta) + len(pinned)} tools, "
             f"~{definition_tokens(own + meta + pinned)} tokens",
+            gateway.llm.describe(),
+            f"budget {gateway.context.budget()} tokens, window {gateway.context.window()} tokens",
         ]
         for line in gateway.catalog.collisions:
             ok = False
