@@ -128,9 +128,13 @@ async def _demo_calls(session: ClientSession, sep: str) -> None:
     _line(not found.is_error, "response_search('Seoul refunded')", f"{len(hits)} shown, first at {first}")
     note = await _call(session, "context_append", {"session_id": "demo", "text": "orders saved as " + file_ref["id"]})
     if not note.is_error:
-        _line(True, "context_append(session_id='demo')", f"note {note.structured_content['id']} kept outside the window")
+        _line(
+            True, "context_append(session_id='demo')", f"note {note.structured_content['id']} kept outside the window"
+        )
         status = (await _call(session, "context_status", {"session_id": "demo"})).structured_content or {}
         monitor = (status.get("gateway") or {}).get("monitor")
         if monitor:
-            print(f"  context estimate (tool traffic only): ~{monitor['used_tokens']} of {monitor['window']} tokens, "
-                  f"{monitor['remaining_pct']}% left, level {monitor['level']}")
+            print(
+                f"  context estimate (tool traffic only): ~{monitor['used_tokens']} of {monitor['window']} tokens, "
+                f"{monitor['remaining_pct']}% left, level {monitor['level']}"
+            )

@@ -16,16 +16,12 @@ import mcp_types as types
 
 from gateway.args import Args, ToolInputError
 from gateway.catalog import Catalog, definition_tokens
-from gateway.plugin import PluginTool, ToolCall
-from gateway.results import error_result, json_result
+from gateway.plugin import PluginTool, ToolCall, guarded, tool
+from gateway.results import error_result
 from gateway.search import SearchIndex
 
 CallFn = Callable[[ToolCall], Awaitable[types.CallToolResult]]
 MAX_SCHEMA_QUOTE = 1500
-
-
-def _schema(props: dict[str, Any], required: list[str]) -> dict[str, Any]:
-    return {"type": "object", "properties": props, "required": required}
 
 
 def one_line(text: str | None, limit: int = 120) -> str:
@@ -111,59 +107,47 @@ class ToolCatalog:
 
     def tools(self) -> list[PluginTool]:
         return [
-            PluginTool(
-                types.Tool(
-                    name="tool_search",
-                    description="Find upstream tools by what they do; returns names to use "
-                    "with tool_schema and tool_call.",
-                    input_schema=_schema(
-                        {"query": {"type": "string"}, "server": {"type": "string"}, "limit": {"type": "integer"}},
-                        ["query"],
-                    ),
-                ),
-                self.search,
+            tool(
+                "tool_search",
+                "Find upstream tools by what they do; returns names to use with tool_schema and tool_call.",
+                guarded(self.search),
+                {"query": {"type": "string"}, "server": {"type": "string"}, "limit": {"type": "integer"}},
+                ["query"],
             ),
-            PluginTool(
-                types.Tool(
-                    name="tool_schema",
-                    description="The full definition (arguments) of one upstream tool.",
-                    input_schema=_schema({"name": {"type": "string"}}, ["name"]),
-                ),
-                self.schema,
+            tool(
+                "tool_schema",
+                "The full definition (arguments) of one upstream tool.",
+                guarded(self.schema),
+                {"name": {"type": "string"}},
+                ["name"],
             ),
-            PluginTool(
-                types.Tool(
-                    name="tool_call",
-                    description="Call an upstream tool by name with its arguments.",
-                    input_schema=_schema({"name": {"type": "string"}, "arguments": {"type": "object"}}, ["name"]),
-                ),
+            tool(
+                "tool_call",
+                "Call an upstream tool by name with its arguments.",
                 self.call,
+                {"name": {"type": "string"}, "arguments": {"type": "object"}},
+                ["name"],
             ),
         ]
 
-    async def search(self, call: ToolCall) -> types.CallToolResult:
-        try:
-            args = Args(call.arguments, "tool_search")
-            query = args.str("query", required=True, max_len=500)
-            server = args.str("server")
-            limit = args.int("limit", 5, lo=1, hi=30)
-        except ToolInputError as exc:
-            return error_result(str(exc))
+    async def search(self, args: Args, call: ToolCall) -> dict[str, Any]:
+        query = args.str("query", required=True, max_len=500)
+        server = args.str("server")
+        limit = args.int("limit", 5, lo=1, hi=30)
         if server is not None and server not in self.catalog.upstreams:
-            return error_result(f"tool_search: unknown server {server!r}; servers: {', '.join(self.catalog.upstreams)}")
+            raise ToolInputError(f"unknown server {server!r}; servers: {', '.join(self.catalog.upstreams)}")
         index = self._ensure_index()
         where, params = ("server = ?", (server,)) if server else ("", ())
-        hits = index.search(query, limit, where, params)
         results = []
-        for hit in hits:
-            tool = self.catalog.tools.get(hit.key)
-            if tool is None:  # gone since the last rebuild: never offered
+        for hit in index.search(query, limit, where, params):
+            found = self.catalog.tools.get(hit.key)
+            if found is None:  # gone since the last rebuild: never offered
                 continue
             results.append(
                 {
                     "name": hit.key,
                     "server": self.catalog.tool_routes[hit.key].server,
-                    "description": one_line(tool.description),
+                    "description": one_line(found.description),
                 }
             )
         payload: dict[str, Any] = {"query": query, "tools": results}
@@ -171,19 +155,16 @@ class ToolCatalog:
             payload["note"] = "no tool matched; try other words (what the tool does, or an argument name)"
         else:
             payload["next"] = f"tool_schema(name='{results[0]['name']}'), then tool_call"
-        return json_result(payload)
+        return payload
 
-    async def schema(self, call: ToolCall) -> types.CallToolResult:
-        try:
-            name = Args(call.arguments, "tool_schema").str("name", required=True, max_len=200)
-        except ToolInputError as exc:
-            return error_result(str(exc))
-        tool = self.catalog.tools.get(name)
-        if tool is None:
-            return error_result(f"tool_schema: no upstream tool named {name!r}; use tool_search to find one")
-        wire = tool.model_dump(by_alias=True, mode="json", exclude_none=True)
+    async def schema(self, args: Args, call: ToolCall) -> dict[str, Any]:
+        name = args.str("name", required=True, max_len=200)
+        found = self.catalog.tools.get(name)
+        if found is None:
+            raise ToolInputError(f"no upstream tool named {name!r}; use tool_search to find one")
+        wire = found.model_dump(by_alias=True, mode="json", exclude_none=True)
         wire.pop("outputSchema", None)  # results may be replaced by a fileRef (offload)
-        return json_result(wire)
+        return wire
 
     async def call(self, call: ToolCall) -> types.CallToolResult:
         try:

@@ -92,3 +92,48 @@ def gateway_env(**extra: str) -> dict[str, str]:
 
 def text_of(result: types.CallToolResult) -> str:
     return "\n".join(b.text for b in result.content if isinstance(b, types.TextContent))
+
+
+async def call(
+    session: ClientSession, name: str, args: dict[str, Any] | None = None, **kw: Any
+) -> types.CallToolResult:
+    """A tools/call as a host sends it (send_request, so nothing is validated or re-listed on the way)."""
+    return await session.send_request(
+        types.CallToolRequest(params=types.CallToolRequestParams(name=name, arguments=args or {})),
+        types.CallToolResult,
+        **kw,
+    )
+
+
+async def ok(session: ClientSession, name: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A call that must succeed; its structured content."""
+    result = await call(session, name, args)
+    assert not result.is_error, text_of(result)
+    return result.structured_content
+
+
+def run_cli(*args: str, timeout: float = 60, **env: str) -> Any:
+    """`python -m gateway ARGS` as a user runs it."""
+    import subprocess
+
+    return subprocess.run(
+        [PY, "-m", "gateway", *args], capture_output=True, text=True, timeout=timeout, env=gateway_env(**env)
+    )
+
+
+def wait_listening(url: str, proc: Any = None, seconds: float = 20) -> None:
+    """Until an HTTP server answers at `url` (any status); fails early if `proc` died."""
+    import time
+
+    import httpx2
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            httpx2.get(url, timeout=0.5)
+            return
+        except httpx2.TransportError:
+            if proc is not None and proc.poll() is not None:
+                raise AssertionError(f"server exited with {proc.returncode}") from None
+            time.sleep(0.1)
+    raise AssertionError(f"nothing answered at {url} within {seconds} s")

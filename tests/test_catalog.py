@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
-from typing import Any
 
 import anyio
 import mcp_types as types
 import pytest
 import token_corpus
-from conftest import PY, gateway_env, inproc, make_settings, probe, text_of, write_config
+from conftest import call, inproc, make_settings, probe, run_cli, text_of, write_config
 from fleet import fleet
-from mcp import ClientSession
 
 pytestmark = pytest.mark.anyio
 ALL_PLUGINS = ["offload", "memory", "documents", "monitor"]
@@ -29,13 +26,6 @@ GOLDEN = [
     ("list files in a directory", {"fs__list_directory", "fs__list_directory_with_sizes"}),
     ("echo a message back", {"everything__echo"}),
 ]
-
-
-async def call(session: ClientSession, name: str, args: dict[str, Any] | None = None) -> types.CallToolResult:
-    return await session.send_request(
-        types.CallToolRequest(params=types.CallToolRequestParams(name=name, arguments=args or {})),
-        types.CallToolResult,
-    )
 
 
 def first_text(result: types.CallToolResult) -> str:
@@ -153,11 +143,5 @@ async def test_auto_mode_decides_by_the_window(tmp_path: Path) -> None:
         names = {t.name for t in (await s.list_tools()).tools}
         assert "big__extra_59" in names and "tool_search" not in names
     cfg = write_config(tmp_path, servers, plugins=[], tool_mode="auto", context_window=8000)
-    out = subprocess.run(
-        [PY, "-m", "gateway", "inspect", "--config", str(cfg)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=gateway_env(),
-    )
+    out = run_cli("inspect", "--config", str(cfg))
     assert "tool mode catalog; auto:" in out.stdout and "direct mode would list 74 tools" in out.stdout

@@ -12,27 +12,13 @@ from typing import Any
 
 import mcp_types as types
 import pytest
-from conftest import inproc, make_settings, probe, text_of
-from mcp import ClientSession
+from conftest import call, inproc, make_settings, ok, probe, text_of
 
 from plugins.documents.chunker import CHUNK_TOKENS, chunk_document
 
 pytestmark = pytest.mark.anyio
 GUIDE = Path(__file__).parent / "fixtures" / "docs" / "guide.md"
 FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})(.*)$")
-
-
-async def call(session: ClientSession, name: str, args: dict[str, Any] | None = None) -> types.CallToolResult:
-    return await session.send_request(
-        types.CallToolRequest(params=types.CallToolRequestParams(name=name, arguments=args or {})),
-        types.CallToolResult,
-    )
-
-
-async def ok(session: ClientSession, name: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
-    result = await call(session, name, args)
-    assert not result.is_error, text_of(result)
-    return result.structured_content
 
 
 def docs_settings(tmp_path: Path, roots: list[Path] | None = None, plugins: list[str] | None = None, **kw: Any):

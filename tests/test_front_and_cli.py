@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import anyio
 import httpx2
 import mcp_types as types
 import pytest
-from conftest import PY, free_port, gateway_env, probe, text_of, write_config
+from conftest import PY, free_port, gateway_env, probe, run_cli, text_of, wait_listening, write_config
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
@@ -38,14 +37,7 @@ def http_gateway(tmp_path: Path, *extra: str, host: str = "127.0.0.1", env: dict
         [*cmd, *extra], stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, env=gateway_env(**(env or {}))
     )
     try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                httpx2.get(f"http://{host}:{port}/nothing", timeout=0.5)
-                break
-            except httpx2.TransportError:
-                assert proc.poll() is None, proc.stderr.read().decode()
-                time.sleep(0.1)
+        wait_listening(f"http://{host}:{port}/nothing", proc)
         yield f"http://{host}:{port}/mcp"
     finally:
         proc.terminate()
@@ -123,25 +115,13 @@ async def test_tens_of_megabytes_through_stdio(tmp_path: Path) -> None:
 
 def test_inspect_prints_table_and_fails_on_a_broken_server(tmp_path: Path) -> None:
     cfg = write_config(tmp_path, {"good": probe("good"), "broken": probe("broken", "--fail-start")})
-    out = subprocess.run(
-        [PY, "-m", "gateway", "inspect", "--config", str(cfg)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=gateway_env(),
-    )
+    out = run_cli("inspect", "--config", str(cfg))
     assert out.returncode == 1, out.stderr
     rows = {line.split()[0]: line for line in out.stdout.splitlines() if line.strip()}
     assert "ok" in rows["good"] and " 14 " in rows["good"]
     assert "failed" in rows["broken"] and "failing at start on purpose" in rows["broken"]
     cfg_ok = write_config(tmp_path, {"good": probe("good")})
-    ok = subprocess.run(
-        [PY, "-m", "gateway", "inspect", "--config", str(cfg_ok)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=gateway_env(),
-    )
+    ok = run_cli("inspect", "--config", str(cfg_ok))
     assert ok.returncode == 0, ok.stdout + ok.stderr
 
 

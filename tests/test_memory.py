@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import mcp_types as types
 import pytest
-from conftest import PY, ROOT, gateway_env, inproc, make_settings, text_of, write_config
+from conftest import PY, ROOT, call, gateway_env, inproc, make_settings, ok, text_of, write_config
 from mcp import ClientSession, MCPError
 
 from gateway.stdio_transport import linear_stdio_client
@@ -24,19 +23,6 @@ from fake_llm import FakeLLM
 
 pytestmark = pytest.mark.anyio
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "memory_notes.json").read_text(encoding="utf-8"))
-
-
-async def call(session: ClientSession, name: str, args: dict[str, Any] | None = None) -> types.CallToolResult:
-    return await session.send_request(
-        types.CallToolRequest(params=types.CallToolRequestParams(name=name, arguments=args or {})),
-        types.CallToolResult,
-    )
-
-
-async def ok(session: ClientSession, name: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
-    result = await call(session, name, args)
-    assert not result.is_error, text_of(result)
-    return result.structured_content
 
 
 def memory_settings(tmp_path: Path, **gateway: Any):

@@ -7,23 +7,14 @@ import json
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
 
 import mcp_types as types
 import pytest
 import token_corpus
-from conftest import PY, gateway_env, inproc, make_settings, probe, text_of, write_config
-from mcp import ClientSession
+from conftest import PY, call, gateway_env, inproc, make_settings, probe, run_cli, text_of, write_config
 
 pytestmark = pytest.mark.anyio
 IMPERATIVE = ("STOP", "MUST", "IMMEDIATELY", "NOW!")
-
-
-async def call(session: ClientSession, name: str, args: dict[str, Any] | None = None) -> types.CallToolResult:
-    return await session.send_request(
-        types.CallToolRequest(params=types.CallToolRequestParams(name=name, arguments=args or {})),
-        types.CallToolResult,
-    )
 
 
 def cl100k(text: str) -> int:
@@ -178,12 +169,6 @@ def test_gateway_tool_definitions_fit_in_2000_tokens(tmp_path: Path) -> None:
     total = sum(cl100k(json.dumps(t, ensure_ascii=False, separators=(",", ":"))) for t in wire)  # as sent
     assert total <= 2000, f"gateway tool definitions take {total} tokens"
     cfg = write_config(tmp_path, {}, plugins=["offload", "memory", "documents", "monitor"])
-    out = subprocess.run(
-        [PY, "-m", "gateway", "inspect", "--config", str(cfg)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=gateway_env(),
-    )
+    out = run_cli("inspect", "--config", str(cfg))
     gateway_row = next(line for line in out.stdout.splitlines() if line.startswith("(gateway)"))
     assert int(gateway_row.split()[-1]) >= total  # inspect's estimate leans high

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -13,19 +12,11 @@ from typing import Any
 import mcp_types as types
 import pytest
 import token_corpus
-from conftest import PY, gateway_env, inproc, make_settings, probe, text_of, write_config
-from mcp import ClientSession
+from conftest import call, inproc, make_settings, probe, run_cli, text_of, write_config
 
 from plugins.offload import jsonfile
 
 pytestmark = pytest.mark.anyio
-
-
-async def call(session: ClientSession, name: str, args: dict[str, Any] | None = None) -> types.CallToolResult:
-    return await session.send_request(
-        types.CallToolRequest(params=types.CallToolRequestParams(name=name, arguments=args or {})),
-        types.CallToolResult,
-    )
 
 
 def ref_of(result: types.CallToolResult) -> dict[str, Any]:
@@ -270,20 +261,8 @@ def test_ttl_cleanup_at_start_and_clean_command(tmp_path: Path) -> None:
     three_days_ago = time.time() - 3 * 86400
     os.utime(old, (three_days_ago, three_days_ago))
     cfg = write_config(tmp_path, {"p": probe("p")}, plugins=["offload"])
-    out = subprocess.run(
-        [PY, "-m", "gateway", "inspect", "--config", str(cfg)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=gateway_env(),
-    )
+    out = run_cli("inspect", "--config", str(cfg))
     assert out.returncode == 0, out.stderr
     assert not old.exists() and new.exists()
-    out = subprocess.run(
-        [PY, "-m", "gateway", "clean", "--config", str(cfg)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=gateway_env(),
-    )
+    out = run_cli("clean", "--config", str(cfg))
     assert out.returncode == 0 and "removed 1 files" in out.stdout and not new.exists()

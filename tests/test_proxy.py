@@ -10,18 +10,10 @@ from pathlib import Path
 import anyio
 import mcp_types as types
 import pytest
-from conftest import PROBE, PY, Notes, free_port, inproc, make_settings, probe, text_of
+from conftest import PROBE, PY, Notes, call, free_port, inproc, make_settings, probe, text_of
 from mcp import ClientSession, MCPError, StdioServerParameters, stdio_client
 
 pytestmark = pytest.mark.anyio
-
-
-async def call(session: ClientSession, name: str, args: dict | None = None, **kw) -> types.CallToolResult:
-    return await session.send_request(
-        types.CallToolRequest(params=types.CallToolRequestParams(name=name, arguments=args or {})),
-        types.CallToolResult,
-        **kw,
-    )
 
 
 async def list_all_tools(session: ClientSession) -> list[types.Tool]:

@@ -4,26 +4,15 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 from pathlib import Path
 
 import anyio
-import httpx2
-import mcp_types as types
 import pytest
-from conftest import free_port, inproc, make_settings, text_of
+from conftest import call, free_port, inproc, make_settings, text_of, wait_listening
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from npm_servers import LOOPBACK_PRELOAD, npm_bin
 
 pytestmark = pytest.mark.anyio
-
-
-async def call(session: ClientSession, name: str, args: dict, **kw) -> types.CallToolResult:
-    return await session.send_request(
-        types.CallToolRequest(params=types.CallToolRequestParams(name=name, arguments=args)),
-        types.CallToolResult,
-        **kw,
-    )
 
 
 async def test_everything_over_stdio_matches_direct(tmp_path: Path) -> None:
@@ -74,13 +63,7 @@ async def test_everything_over_streamable_http(tmp_path: Path) -> None:
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                httpx2.get(f"http://127.0.0.1:{port}/", timeout=0.5)
-                break
-            except httpx2.TransportError:
-                time.sleep(0.1)
+        wait_listening(f"http://127.0.0.1:{port}/", server)
         settings = make_settings(tmp_path, {"ev": {"url": f"http://127.0.0.1:{port}/mcp"}})
         async with inproc(settings) as (gateway, session):
             assert gateway.upstreams["ev"].state == "ok" or await _wait_ok(gateway)

@@ -19,11 +19,9 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
-import mcp_types as types
 
 from gateway.args import Args, ToolInputError
-from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall
-from gateway.results import error_result, json_result
+from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall, guarded, tool
 from gateway.search import SearchIndex
 from plugins.documents.chunker import chunk_document, kind_of
 from plugins.offload.store import ID_PATTERN, ResponseStore, StoreError
@@ -33,10 +31,6 @@ log = logging.getLogger("plugins.documents")
 MAX_FILE_BYTES = 64 * 1024 * 1024
 MAX_DIR_FILES = 2000
 MAX_JSON_AS_TEXT = 4 * 1024 * 1024
-
-
-def _schema(props: dict[str, Any], required: list[str]) -> dict[str, Any]:
-    return {"type": "object", "properties": props, "required": required}
 
 
 class IngestError(ValueError):
@@ -210,70 +204,33 @@ class DocumentsPlugin(Plugin):
             self.store.index.close()
 
     def tools(self) -> list[PluginTool]:
-        doc = {"type": "string", "description": "doc id from doc_ingest/doc_list, or an offloaded resp_ id"}
+        doc = {"doc_id": {"type": "string", "description": "from doc_ingest/doc_list, or an offloaded resp_ id"}}
+        handle = lambda fn: guarded(fn, (IngestError, StoreError))  # noqa: E731
         return [
-            PluginTool(
-                types.Tool(
-                    name="doc_ingest",
-                    description="Split a large document (file_path below the ingest roots, or "
-                    "text) into searchable chunks by its headings. Re-ingesting an unchanged file is instant.",
-                    input_schema=_schema(
-                        {"file_path": {"type": "string"}, "text": {"type": "string"}, "title": {"type": "string"}}, []
-                    ),
-                ),
-                self._tool(self.ingest),
+            tool(
+                "doc_ingest",
+                "Split a large document (file_path below the ingest roots, or text) into searchable "
+                "chunks by its headings. Re-ingesting an unchanged file is instant.",
+                handle(self.ingest),
+                {"file_path": {"type": "string"}, "text": {"type": "string"}, "title": {"type": "string"}},
             ),
-            PluginTool(
-                types.Tool(
-                    name="doc_search",
-                    description="Find the chunks of ingested documents that match a query, packed into max_tokens.",
-                    input_schema=_schema(
-                        {
-                            "query": {"type": "string"},
-                            "doc_id": doc,
-                            "limit": {"type": "integer"},
-                            "max_tokens": {"type": "integer"},
-                        },
-                        ["query"],
-                    ),
-                ),
-                self._tool(self.search),
+            tool(
+                "doc_search",
+                "Find the chunks of ingested documents that match a query, packed into max_tokens.",
+                handle(self.search),
+                {"query": {"type": "string"}, **doc, "limit": {"type": "integer"}, "max_tokens": {"type": "integer"}},
+                ["query"],
             ),
-            PluginTool(
-                types.Tool(
-                    name="doc_window",
-                    description="Read consecutive chunks start..end of a document.",
-                    input_schema=_schema(
-                        {"doc_id": doc, "start": {"type": "integer"}, "end": {"type": "integer"}}, ["doc_id", "start"]
-                    ),
-                ),
-                self._tool(self.window),
+            tool(
+                "doc_window",
+                "Read consecutive chunks start..end of a document.",
+                handle(self.window),
+                {**doc, "start": {"type": "integer"}, "end": {"type": "integer"}},
+                ["doc_id", "start"],
             ),
-            PluginTool(
-                types.Tool(name="doc_list", description="List ingested documents.", input_schema=_schema({}, [])),
-                self._tool(self.list),
-            ),
-            PluginTool(
-                types.Tool(
-                    name="doc_forget",
-                    description="Remove an ingested document and its chunks.",
-                    input_schema=_schema({"doc_id": doc}, ["doc_id"]),
-                ),
-                self._tool(self.forget),
-            ),
+            tool("doc_list", "List ingested documents.", handle(self.list)),
+            tool("doc_forget", "Remove an ingested document and its chunks.", handle(self.forget), doc, ["doc_id"]),
         ]
-
-    def _tool(self, fn: Any) -> Any:
-        async def handler(call: ToolCall) -> types.CallToolResult:
-            try:
-                payload = await fn(Args(call.arguments, call.name), call)
-            except (ToolInputError, IngestError, StoreError) as exc:
-                return error_result(f"{call.name}: {exc}" if not str(exc).startswith(call.name) else str(exc))
-            except OSError as exc:
-                return error_result(f"{call.name}: cannot read ({exc.strerror or exc})")
-            return json_result(payload)
-
-        return handler
 
     def _budget(self) -> int:
         assert self.ctx is not None

@@ -15,10 +15,9 @@ import anyio
 import anyio.to_thread
 import mcp_types as types
 
-from gateway.args import Args, ToolInputError
+from gateway.args import Args
 from gateway.llm import LLMUnavailable
-from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall
-from gateway.results import error_result, json_result
+from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall, guarded, tool
 from plugins.memory.guide import GUIDE
 from plugins.memory.sessions import RecallIndex, Session, SessionError, check_session_id
 from plugins.memory.summary import INSTRUCTION, fallback_summary, with_identifiers
@@ -28,10 +27,6 @@ log = logging.getLogger("plugins.memory")
 NEAR_BUDGET = 0.8
 RECENCY_WEIGHT = 0.25
 MAX_TEXT = 200_000
-
-
-def _schema(props: dict[str, Any], required: list[str]) -> dict[str, Any]:
-    return {"type": "object", "properties": props, "required": required}
 
 
 SID = {"type": "string", "description": "your name for this memory, e.g. 'billing-refactor'"}
@@ -81,89 +76,60 @@ class MemoryPlugin(Plugin):
         return out
 
     def tools(self) -> list[PluginTool]:
+        sid = {"session_id": SID}
         return [
-            PluginTool(
-                types.Tool(
-                    name="context_open",
-                    description="Open (or create) a memory session; shows its pinned notes and size. Start here.",
-                    input_schema=_schema({"session_id": SID}, ["session_id"]),
-                ),
+            tool(
+                "context_open",
+                "Open (or create) a memory session; shows its pinned notes and size. Start here.",
                 self._tool(self.open),
+                sid,
+                ["session_id"],
             ),
-            PluginTool(
-                types.Tool(
-                    name="context_append",
-                    description="Save a note outside the context window "
-                    "(facts, decisions, results). pinned=true for the goal and key constraints.",
-                    input_schema=_schema(
-                        {"session_id": SID, "text": {"type": "string"}, "pinned": {"type": "boolean"}},
-                        ["session_id", "text"],
-                    ),
-                ),
+            tool(
+                "context_append",
+                "Save a note outside the context window (facts, decisions, results). "
+                "pinned=true for the goal and key constraints.",
                 self._tool(self.append),
+                sid | {"text": {"type": "string"}, "pinned": {"type": "boolean"}},
+                ["session_id", "text"],
             ),
-            PluginTool(
-                types.Tool(
-                    name="context_status",
-                    description="Memory size vs budget, compaction state, and the gateway's context estimate.",
-                    input_schema=_schema({"session_id": SID}, ["session_id"]),
-                ),
+            tool(
+                "context_status",
+                "Memory size vs budget, compaction state, and the gateway's context estimate.",
                 self._tool(self.status_tool),
+                sid,
+                ["session_id"],
             ),
-            PluginTool(
-                types.Tool(
-                    name="context_compact",
-                    description="Fold older notes into one summary "
-                    "(pinned and the newest keep_recent stay). dry_run shows what would fold.",
-                    input_schema=_schema(
-                        {
-                            "session_id": SID,
-                            "keep_recent": {"type": "integer"},
-                            "target_tokens": {"type": "integer"},
-                            "dry_run": {"type": "boolean"},
-                        },
-                        ["session_id"],
-                    ),
-                ),
+            tool(
+                "context_compact",
+                "Fold older notes into one summary (pinned and the newest keep_recent stay). "
+                "dry_run shows what would fold.",
                 self._tool(self.compact),
+                sid
+                | {
+                    "keep_recent": {"type": "integer"},
+                    "target_tokens": {"type": "integer"},
+                    "dry_run": {"type": "boolean"},
+                },
+                ["session_id"],
             ),
-            PluginTool(
-                types.Tool(
-                    name="context_recall",
-                    description="Bring back pinned notes and the notes that best match a query, within max_tokens.",
-                    input_schema=_schema(
-                        {"session_id": SID, "query": {"type": "string"}, "max_tokens": {"type": "integer"}},
-                        ["session_id"],
-                    ),
-                ),
+            tool(
+                "context_recall",
+                "Bring back pinned notes and the notes that best match a query, within max_tokens.",
                 self._tool(self.recall),
+                sid | {"query": {"type": "string"}, "max_tokens": {"type": "integer"}},
+                ["session_id"],
             ),
-            PluginTool(
-                types.Tool(
-                    name="context_guide",
-                    description="How to use these tools together; read once.",
-                    input_schema=_schema({}, []),
-                ),
-                self._guide,
-            ),
+            tool("context_guide", "How to use these tools together; read once.", self._guide),
         ]
 
     def _tool(self, fn: Any) -> Any:
-        async def handler(call: ToolCall) -> types.CallToolResult:
-            try:
-                args = Args(call.arguments, call.name)
-                sid = check_session_id(args.raw.get("session_id"))
-                lock = self._locks.setdefault(sid, anyio.Lock())
-                async with lock:  # calls on one session are serialized
-                    payload = await fn(args, call)
-            except (ToolInputError, SessionError) as exc:
-                return error_result(f"{call.name}: {exc}" if not str(exc).startswith(call.name) else str(exc))
-            except OSError as exc:
-                log.exception("%s failed", call.name)
-                return error_result(f"{call.name}: the memory store is not writable ({exc}); nothing was lost")
-            return json_result(payload)
+        async def locked(args: Args, call: ToolCall) -> dict[str, Any]:
+            sid = check_session_id(args.raw.get("session_id"))
+            async with self._locks.setdefault(sid, anyio.Lock()):  # calls on one session are serialized
+                return await fn(args, call)
 
-        return handler
+        return guarded(locked, (SessionError,))
 
     async def _guide(self, call: ToolCall) -> types.CallToolResult:
         return types.CallToolResult(content=[types.TextContent(text=GUIDE)])

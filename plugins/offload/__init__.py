@@ -20,8 +20,7 @@ import mcp_types as types
 import pydantic_core
 
 from gateway.args import Args, ToolInputError
-from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall
-from gateway.results import error_result, json_result
+from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall, guarded, tool
 from gateway.tokens import estimate_tokens
 from plugins.offload import jsonfile, textfile
 from plugins.offload.fit import cost, fit
@@ -34,10 +33,6 @@ MODES = ("first_of_array", "sample_array", "truncate_strings", "keys_only", "sel
 INLINE_KEYS = 10
 HEAD_BYTES = 256 * 1024
 DUPLICATE_CHECK_LIMIT = 64 * 1024 * 1024
-
-
-def _schema(props: dict[str, Any], required: list[str]) -> dict[str, Any]:
-    return {"type": "object", "properties": props, "required": required}
 
 
 PATH = {"type": "string", "description": "fileRef id (resp_...) or file path"}
@@ -193,91 +188,61 @@ class OffloadPlugin(Plugin):
     # -- the exploration tools -----------------------------------------------------------------------
 
     def tools(self) -> list[PluginTool]:
+        path = {"path": PATH}
+        handle = self._tool
         return [
-            PluginTool(
-                types.Tool(
-                    name="response_outline",
-                    description="Outline an offloaded result (fileRef id): type, keys, item counts, samples and "
-                    "ready-to-use hints. Call this first; never read the whole file.",
-                    input_schema=_schema({"path": PATH}, ["path"]),
-                ),
-                self._tool(self.outline),
+            tool(
+                "response_outline",
+                "Outline an offloaded result (fileRef id): type, keys, item counts, samples "
+                "and ready-to-use hints. Call this first; never read the whole file.",
+                handle(self.outline),
+                path,
+                ["path"],
             ),
-            PluginTool(
-                types.Tool(
-                    name="response_compress",
-                    description="A smaller view of an offloaded JSON result: first_of_array, sample_array, "
-                    "truncate_strings, keys_only or select_keys, optionally below json_path.",
-                    input_schema=_schema(
-                        {
-                            "path": PATH,
-                            "mode": {"type": "string", "enum": list(MODES)},
-                            "json_path": JSON_PATH,
-                            "array_head": {"type": "integer"},
-                            "array_tail": {"type": "integer"},
-                            "max_length": {"type": "integer"},
-                            "keys": {"type": "array", "items": {"type": "string"}},
-                        },
-                        ["path", "mode"],
-                    ),
-                ),
-                self._tool(self.compress),
+            tool(
+                "response_compress",
+                "A smaller view of an offloaded JSON result: first_of_array, sample_array, "
+                "truncate_strings, keys_only or select_keys, optionally below json_path.",
+                handle(self.compress),
+                path
+                | {
+                    "mode": {"type": "string", "enum": list(MODES)},
+                    "json_path": JSON_PATH,
+                    "array_head": {"type": "integer"},
+                    "array_tail": {"type": "integer"},
+                    "max_length": {"type": "integer"},
+                    "keys": {"type": "array", "items": {"type": "string"}},
+                },
+                ["path", "mode"],
             ),
-            PluginTool(
-                types.Tool(
-                    name="response_slice",
-                    description="One value of an offloaded JSON result by json_path, or a line range "
-                    "(start_line, end_line) of any text result.",
-                    input_schema=_schema(
-                        {
-                            "path": PATH,
-                            "json_path": JSON_PATH,
-                            "start_line": {"type": "integer"},
-                            "end_line": {"type": "integer"},
-                        },
-                        ["path"],
-                    ),
-                ),
-                self._tool(self.slice),
+            tool(
+                "response_slice",
+                "One value of an offloaded JSON result by json_path, or a line range "
+                "(start_line, end_line) of any text result.",
+                handle(self.slice),
+                path | {"json_path": JSON_PATH, "start_line": {"type": "integer"}, "end_line": {"type": "integer"}},
+                ["path"],
             ),
-            PluginTool(
-                types.Tool(
-                    name="response_search",
-                    description="Find lines (text) or records (JSON) of an offloaded result containing the query "
-                    "words; ranked, with paths or line numbers.",
-                    input_schema=_schema(
-                        {
-                            "path": PATH,
-                            "query": {"type": "string"},
-                            "limit": {"type": "integer"},
-                            "offset": {"type": "integer"},
-                        },
-                        ["path", "query"],
-                    ),
-                ),
-                self._tool(self.search),
+            tool(
+                "response_search",
+                "Find lines (text) or records (JSON) of an offloaded result containing the "
+                "query words; ranked, with paths or line numbers.",
+                handle(self.search),
+                path | {"query": {"type": "string"}, "limit": {"type": "integer"}, "offset": {"type": "integer"}},
+                ["path", "query"],
             ),
         ]
 
     def _tool(self, fn: Any) -> Any:
-        async def handler(call: ToolCall) -> types.CallToolResult:
+        async def threaded(args: Args, call: ToolCall) -> dict[str, Any]:
             try:
-                args = Args(call.arguments, call.name)
-                payload = await anyio.to_thread.run_sync(fn, args)
-            except (ToolInputError, StoreError, PathError) as exc:
-                return error_result(str(exc))
-            except jsonfile.BrokenJSON as exc:
-                return error_result(f"{call.name}: {exc}")
+                return await anyio.to_thread.run_sync(fn, args)  # file work stays off the event loop
             except UnicodeDecodeError:
-                return error_result(f"{call.name}: the file is not UTF-8 text; open it with its openCmd instead")
-            except OSError as exc:
-                return error_result(f"{call.name}: cannot read the file ({exc.strerror or exc}); it may have expired")
-            except Exception as exc:  # jsonpath-ng and ijson raise assorted errors on odd input
-                log.exception("%s failed", call.name)
-                return error_result(f"{call.name} failed: {type(exc).__name__}: {exc}. Check the arguments.")
-            return json_result(payload)
+                raise ToolInputError("the file is not UTF-8 text; open it with its openCmd instead") from None
+            except jsonfile.BrokenJSON as exc:
+                raise ToolInputError(str(exc)) from None
 
-        return handler
+        return guarded(threaded, (StoreError, PathError))
 
     def _answer_budget(self) -> int:
         return self._ctx().max_response_tokens(None)
