@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -330,3 +331,15 @@ def _alive(pid: int) -> bool:
             return fh.read().split()[2] != "Z"
     except FileNotFoundError:
         return False
+
+
+async def test_names_hosts_reject_are_made_safe_and_still_route(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, {"p": probe("p", env={"PROBE_WEIRD_NAMES": "1"})})
+    async with inproc(settings) as (_, session):
+        names = {t.name for t in await list_all_tools(session)}
+        assert all(re.fullmatch(r"[A-Za-z0-9_-]{1,64}", n) for n in names), sorted(names)
+        odd = sorted(n for n in names if n.startswith("p__read") or n.startswith("p__say") or n.startswith("p__xx"))
+        assert len(odd) == 4 and len(set(odd)) == 4
+        for name in odd:
+            assert not (await call(session, name)).is_error, name
+        assert text_of(await call(session, next(n for n in odd if n.startswith("p__read")))) == "read.file/v2"

@@ -33,6 +33,7 @@ MODES = ("first_of_array", "sample_array", "truncate_strings", "keys_only", "sel
 INLINE_KEYS = 10
 HEAD_BYTES = 256 * 1024
 DUPLICATE_CHECK_LIMIT = 64 * 1024 * 1024
+MAX_LISTED_FILES = 6
 
 
 PATH = {"type": "string", "description": "fileRef id (resp_...) or file path"}
@@ -153,9 +154,12 @@ class OffloadPlugin(Plugin):
         )
         reply: dict[str, Any] = {"fileRef": ref}
         if len(parts) > 1:
+            listed = parts[:MAX_LISTED_FILES]  # the reply stays small however many blocks there are
             reply["files"] = [
-                {"id": s.id, "part": label, "kind": s.kind, "sizeHint": human_size(s.size)} for label, s in parts
+                {"id": s.id, "part": label, "kind": s.kind, "sizeHint": human_size(s.size)} for label, s in listed
             ]
+            if len(parts) > len(listed):
+                reply["moreFiles"] = f"{len(parts) - len(listed)} more blocks saved beside these"
         reply["outline"] = self._inline_outline(primary)
         reply["next"] = (
             f"response_outline(path='{primary.id}')" if primary.kind != "binary" else f"open it with: {ref['openCmd']}"

@@ -58,6 +58,9 @@ def build(name: str, extra_tools: int) -> Server[Any]:
         _tool(f"extra_{i}", f"Extra tool number {i} that does nothing useful.", {"x": {"type": "string"}})
         for i in range(extra_tools)
     ]
+    if os.environ.get("PROBE_WEIRD_NAMES"):  # names hosts reject: dots, slashes, spaces, > 64 characters
+        base_tools += [_tool("read.file/v2", "Odd name."), _tool("say hello", "Odd name."),
+                       _tool("x" * 70, "Long name."), _tool("x" * 69 + "y", "Another long name.")]
 
     async def list_tools(ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
         # Paginate in pages of 5, so that gateways must follow cursors.
@@ -148,7 +151,7 @@ def build(name: str, extra_tools: int) -> Server[Any]:
             return types.CallToolResult(content=[types.TextContent(text="grown")])
         if tool == "env":
             return types.CallToolResult(content=[types.TextContent(text=os.environ.get(str(args.get("name")), ""))])
-        if tool == "grown" or tool.startswith("extra_"):
+        if tool == "grown" or tool.startswith("extra_") or tool in ("read.file/v2", "say hello") or tool[:1] == "x":
             return types.CallToolResult(content=[types.TextContent(text=tool)])
         return types.CallToolResult(content=[types.TextContent(text=f"unknown tool {tool}")], is_error=True)
 
