@@ -16,9 +16,9 @@ import anyio
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import call, table  # noqa: E402
+from common import call, table
 
-from gateway.stdio_transport import linear_stdio_client  # noqa: E402
+from gateway.stdio_transport import linear_stdio_client
 
 ORDERS_PER_MB = 5000 / 1.377
 
@@ -39,8 +39,9 @@ async def main(sizes: list[int]) -> None:
     for mb in sizes:
         count = int(mb * ORDERS_PER_MB)
         with open(log, "ab") as errlog:
-            ours = await timed(linear_stdio_client(sys.executable, ["-m", "gateway.demo_upstream"], None, None,
-                                                   errlog), count)
+            ours = await timed(
+                linear_stdio_client(sys.executable, ["-m", "gateway.demo_upstream"], None, None, errlog), count
+            )
         with open(log, "a") as errlog:
             params = StdioServerParameters(command=sys.executable, args=["-m", "gateway.demo_upstream"])
             sdk = await timed(stdio_client(params, errlog=errlog), count)

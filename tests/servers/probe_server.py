@@ -59,8 +59,12 @@ def build(name: str, extra_tools: int) -> Server[Any]:
         for i in range(extra_tools)
     ]
     if os.environ.get("PROBE_WEIRD_NAMES"):  # names hosts reject: dots, slashes, spaces, > 64 characters
-        base_tools += [_tool("read.file/v2", "Odd name."), _tool("say hello", "Odd name."),
-                       _tool("x" * 70, "Long name."), _tool("x" * 69 + "y", "Another long name.")]
+        base_tools += [
+            _tool("read.file/v2", "Odd name."),
+            _tool("say hello", "Odd name."),
+            _tool("x" * 70, "Long name."),
+            _tool("x" * 69 + "y", "Another long name."),
+        ]
 
     async def list_tools(ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
         # Paginate in pages of 5, so that gateways must follow cursors.
