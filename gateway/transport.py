@@ -17,6 +17,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 
 from gateway.server import Gateway
 from gateway.settings import LOOPBACK_HOSTS
+from gateway.stdio_transport import pipe_stdio_server
 
 log = logging.getLogger("gateway.transport")
 
@@ -45,10 +46,20 @@ async def _exit_on_signal(gateway: Gateway) -> None:
             os._exit(0)
 
 
+def _front_stdio() -> Any:
+    """Asyncio pipes on POSIX when stdin/stdout are pipes (no thread per message); the SDK's otherwise."""
+    if sys.platform != "win32":
+        import stat
+
+        if all(stat.S_ISFIFO(os.fstat(fd).st_mode) or stat.S_ISSOCK(os.fstat(fd).st_mode) for fd in (0, 1)):
+            return pipe_stdio_server()
+    return stdio_server()
+
+
 async def serve_stdio(gateway: Gateway) -> None:
     async with anyio.create_task_group() as tg:
         tg.start_soon(_exit_on_signal, gateway)
-        async with gateway.running(), stdio_server() as (read, write):
+        async with gateway.running(), _front_stdio() as (read, write):
             await gateway.server.run(read, write, gateway.server.create_initialization_options())
         tg.cancel_scope.cancel()
 

@@ -8,6 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import anyio
 import mcp_types as types
 import pytest
 import token_corpus
@@ -81,6 +82,7 @@ async def test_fresh_host_figure_replaces_the_ledger(tmp_path: Path, monkeypatch
         (tmp_path / "claude-ctx-sess-1.json").write_text(
             json.dumps({"remaining_percentage": 20, "timestamp": time.time() - 120})
         )
+        await anyio.sleep(1.1)  # the bridge is looked up at most once a second
         assert gateway.pipeline.status("stdio")["monitor"]["source"].startswith("gateway estimate")
 
 

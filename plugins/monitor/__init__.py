@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,7 @@ from gateway.tokens import estimate_tokens
 log = logging.getLogger("plugins.monitor")
 LEDGER_SOURCE = "gateway estimate: tool traffic only"
 BRIDGE_SOURCE = "reported by the host"
+BRIDGE_RECHECK_SECONDS = 1.0
 
 
 @dataclass
@@ -57,6 +59,8 @@ class MonitorPlugin(Plugin):
     def __init__(self) -> None:
         self.ctx: GatewayContext | None = None
         self.ledgers: dict[str, Ledger] = {}
+        self._bridge_checked = -BRIDGE_RECHECK_SECONDS
+        self._bridge_value: float | None = None
 
     async def start(self, ctx: GatewayContext) -> None:
         self.ctx = ctx
@@ -66,12 +70,19 @@ class MonitorPlugin(Plugin):
 
     def _host_figure(self) -> float | None:
         """The host's own remaining %, from a fresh statusline bridge file for the session we serve:
-        the one named by CTX_HOST_SESSION_ID, else the only fresh one."""
+        the one named by CTX_HOST_SESSION_ID, else the only fresh one. Looked up at most once a second
+        (listing the temp folder on every call cost more than the rest of the monitor)."""
+        now = time.monotonic()
+        if now - self._bridge_checked < BRIDGE_RECHECK_SECONDS:
+            return self._bridge_value
         wanted = os.environ.get("CTX_HOST_SESSION_ID")
         if wanted:
-            return read_bridge(bridge_path(wanted))
-        fresh = fresh_bridges()
-        return fresh[0][1] if len(fresh) == 1 else None
+            value = read_bridge(bridge_path(wanted))
+        else:
+            fresh = fresh_bridges()
+            value = fresh[0][1] if len(fresh) == 1 else None
+        self._bridge_checked, self._bridge_value = now, value
+        return value
 
     def measure(self, session_id: str) -> tuple[float, str, int]:
         """(remaining %, source, window)."""
