@@ -50,6 +50,8 @@ class ToolCall:
     session_id: str = "stdio"  # the host connection this call came from
     report_progress: ProgressReporter = _no_progress
     started: float = field(default_factory=time.monotonic)
+    host_session: Any = None  # the host's session and request id: an upstream's elicitation goes there
+    request_id: Any = None
 
 
 ToolHandler = Callable[[ToolCall], Awaitable[types.CallToolResult]]

@@ -249,7 +249,12 @@ class Gateway:
         sid = self._remember_host(ctx)
         arguments = params.arguments if isinstance(params.arguments, dict) else {}
         call = ToolCall(
-            name=params.name, arguments=arguments, session_id=sid, report_progress=ctx.session.report_progress
+            name=params.name,
+            arguments=arguments,
+            session_id=sid,
+            report_progress=ctx.session.report_progress,
+            host_session=ctx.session,
+            request_id=ctx.request_id,
         )
         meta = forwardable_meta(params.meta)
         try:
@@ -276,7 +281,9 @@ class Gateway:
                 return error_result(self._unknown_tool(call.name))
         call.server, call.tool = route.server, route.name
         upstream = self.catalog.upstream_for(route)
-        return await upstream.call_tool(route.name, call.arguments, meta, call.report_progress)
+        return await upstream.call_tool(
+            route.name, call.arguments, meta, call.report_progress, host=(call.host_session, call.request_id)
+        )
 
     def _unknown_tool(self, name: str) -> str:
         server, sep, _ = name.partition(self.settings.gateway.separator)

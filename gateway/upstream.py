@@ -7,9 +7,11 @@ session and exits them itself (SDK pitfall 1). Other tasks only send requests.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,6 +39,14 @@ State = Literal["starting", "ok", "failed", "stopped"]
 
 class ConnectionLost(Exception):
     pass
+
+
+@dataclass
+class _InFlight:
+    host_session: Any
+    request_id: Any
+    scope: anyio.CancelScope
+    timeout: float
 
 
 def describe(exc: BaseException) -> str:
@@ -85,6 +95,7 @@ class Upstream:
         self._dead_reason = ""
         self._refresh = False
         self._log_mark = 0
+        self._in_flight: list[_InFlight] = []
 
     @property
     def transport(self) -> str:
@@ -180,7 +191,13 @@ class Upstream:
         self.state = "starting"
         async with (
             self._transport() as (read, write),
-            ClientSession(read, write, message_handler=self._on_message, client_info=CLIENT_INFO) as session,
+            ClientSession(
+                read,
+                write,
+                message_handler=self._on_message,
+                elicitation_callback=self._on_elicit,
+                client_info=CLIENT_INFO,
+            ) as session,
         ):
             with anyio.fail_after(self.config.init_timeout_seconds):
                 init = await session.initialize()
@@ -263,6 +280,7 @@ class Upstream:
         meta: dict[str, Any] | None = None,
         progress: ProgressReporter = _no_progress,
         timeout: float | None = None,
+        host: tuple[Any, Any] = (None, None),
     ) -> types.CallToolResult:
         """Forward a call; every failure comes back as an `isError` result naming this server."""
         session = self.session
@@ -270,6 +288,23 @@ class Upstream:
             return error_result(self.unavailable())
         timeout = timeout or self.config.timeout_seconds
         scope = anyio.CancelScope(deadline=anyio.current_time() + timeout)
+        flight = _InFlight(host[0], host[1], scope, timeout)
+        self._in_flight.append(flight)
+        try:
+            return await self._forward(session, tool, arguments, meta, progress, scope, timeout)
+        finally:
+            self._in_flight.remove(flight)
+
+    async def _forward(
+        self,
+        session: ClientSession,
+        tool: str,
+        arguments: dict[str, Any] | None,
+        meta: dict[str, Any] | None,
+        progress: ProgressReporter,
+        scope: anyio.CancelScope,
+        timeout: float,
+    ) -> types.CallToolResult:
 
         async def relay(value: float, total: float | None, message: str | None) -> None:
             scope.deadline = anyio.current_time() + timeout  # progress resets the clock
@@ -292,6 +327,28 @@ class Upstream:
             f"Upstream server '{self.name}' did not answer '{tool}' within {timeout:.0f} s (no progress either); "
             "the call was cancelled. Retry with smaller input, or raise timeout_seconds for this server."
         )
+
+    async def _on_elicit(self, context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        """An upstream asks the user something during a call: ask the host that made the call (the most
+        recent one in flight), with the call's clock paused while the user answers; else decline."""
+        flight = self._in_flight[-1] if self._in_flight else None
+        caps = getattr(flight.host_session, "client_capabilities", None) if flight else None
+        if flight is None or caps is None or caps.elicitation is None:
+            return types.ElicitResult(action="decline")
+        flight.scope.deadline = math.inf
+        try:
+            if isinstance(params, types.ElicitRequestURLParams):
+                return await flight.host_session.elicit_url(
+                    params.message, params.url, params.elicitation_id, related_request_id=flight.request_id
+                )
+            return await flight.host_session.elicit_form(
+                params.message, params.requested_schema, related_request_id=flight.request_id
+            )
+        except Exception as exc:  # the host cannot be asked (no back-channel, gone): the upstream hears no
+            log.info("upstream %s: elicitation not forwarded: %s", self.name, describe(exc))
+            return types.ElicitResult(action="decline")
+        finally:
+            flight.scope.deadline = anyio.current_time() + flight.timeout
 
     def _call_failed(self, what: str, exc: MCPError) -> str:
         code, message = exc.error.code, exc.error.message

@@ -144,4 +144,15 @@ async def test_auto_mode_decides_by_the_window(tmp_path: Path) -> None:
         assert "big__extra_59" in names and "tool_search" not in names
     cfg = write_config(tmp_path, servers, plugins=[], tool_mode="auto", context_window=8000)
     out = run_cli("inspect", "--config", str(cfg))
-    assert "tool mode catalog; auto:" in out.stdout and "direct mode would list 74 tools" in out.stdout
+    assert "tool mode catalog; auto:" in out.stdout and "direct mode would list 75 tools" in out.stdout
+
+
+async def test_per_server_override_in_direct_mode(tmp_path: Path) -> None:
+    servers = {"noisy": probe("noisy", "--extra-tools", "20", tool_mode="catalog"), "daily": probe("daily")}
+    async with inproc(make_settings(tmp_path, servers, plugins=[])) as (_, s):
+        names = {t.name for t in (await s.list_tools()).tools}
+        assert "daily__echo" in names and not any(n.startswith("noisy__") for n in names)
+        assert {"tool_search", "tool_schema", "tool_call"} <= names
+        found = (await call(s, "tool_search", {"query": "extra tool number", "server": "noisy"})).structured_content
+        assert found["tools"] and all(t["server"] == "noisy" for t in found["tools"])
+        assert text_of(await call(s, "tool_call", {"name": "noisy__whoami"})) == "noisy"

@@ -118,7 +118,7 @@ def test_inspect_prints_table_and_fails_on_a_broken_server(tmp_path: Path) -> No
     out = run_cli("inspect", "--config", str(cfg))
     assert out.returncode == 1, out.stderr
     rows = {line.split()[0]: line for line in out.stdout.splitlines() if line.strip()}
-    assert "ok" in rows["good"] and " 14 " in rows["good"]
+    assert "ok" in rows["good"] and " 15 " in rows["good"]
     assert "failed" in rows["broken"] and "failing at start on purpose" in rows["broken"]
     cfg_ok = write_config(tmp_path, {"good": probe("good")})
     ok = run_cli("inspect", "--config", str(cfg_ok))

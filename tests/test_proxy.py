@@ -32,7 +32,7 @@ async def test_merges_tools_of_every_upstream_with_prefixes(tmp_path: Path) -> N
         tools = await list_all_tools(session)
         names = {t.name for t in tools}
         # the probe pages its list by 5 and beta has 164 tools: both sides of pagination are exercised
-        assert len(tools) == 14 + 164
+        assert len(tools) == 15 + 165
         assert {"alpha__echo", "beta__echo", "beta__extra_149", "alpha__add"} <= names
         assert all(len(n) <= 64 for n in names)
         assert text_of(await call(session, "alpha__whoami")) == "alpha"
@@ -343,3 +343,30 @@ async def test_names_hosts_reject_are_made_safe_and_still_route(tmp_path: Path) 
         for name in odd:
             assert not (await call(session, name)).is_error, name
         assert text_of(await call(session, next(n for n in odd if n.startswith("p__read")))) == "read.file/v2"
+
+
+async def test_upstream_elicitation_reaches_the_host_that_made_the_call(tmp_path: Path) -> None:
+    asked: list[str] = []
+
+    async def on_elicit(context, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(params.message)
+        await anyio.sleep(1.5)  # the user takes longer than the call's timeout: the clock is paused
+        return types.ElicitResult(action="accept", content={"name": "Mina"})
+
+    settings = make_settings(tmp_path, {"p": probe("p", timeout_seconds=1)})
+    from mcp.shared.memory import create_client_server_memory_streams
+
+    from gateway.server import Gateway
+
+    gateway = Gateway(settings, plugins=[])
+    async with gateway.running(), create_client_server_memory_streams() as (client_streams, server_streams):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(gateway.server.run, *server_streams, gateway.server.create_initialization_options())
+            async with ClientSession(*client_streams, elicitation_callback=on_elicit) as session:
+                await session.initialize()
+                assert text_of(await call(session, "p__ask")) == "accept:Mina"
+                assert asked == ["What is your name?"]
+            tg.cancel_scope.cancel()
+    # a host that cannot answer elicitation: the upstream is told no, nothing hangs
+    async with inproc(settings) as (_, session):
+        assert text_of(await call(session, "p__ask")) == "decline:"

@@ -53,6 +53,7 @@ def build(name: str, extra_tools: int) -> Server[Any]:
         _tool("env", "Return an environment variable.", {"name": {"type": "string"}}),
         _tool("whoami", "Return this server's name."),
         _tool("pid", "Return this server's process id."),
+        _tool("ask", "Ask the user for a name (elicitation) and return the answer."),
     ]
     base_tools += [
         _tool(f"extra_{i}", f"Extra tool number {i} that does nothing useful.", {"x": {"type": "string"}})
@@ -78,6 +79,13 @@ def build(name: str, extra_tools: int) -> Server[Any]:
         tool = params.name
         if tool == "echo":
             return types.CallToolResult(content=[types.TextContent(text=str(args.get("text", "")))])
+        if tool == "ask":
+            answer = await ctx.session.elicit_form(
+                "What is your name?", {"type": "object", "properties": {"name": {"type": "string"}}}
+            )
+            return types.CallToolResult(
+                content=[types.TextContent(text=f"{answer.action}:{(answer.content or {}).get('name', '')}")]
+            )
         if tool == "pid":
             return types.CallToolResult(content=[types.TextContent(text=str(os.getpid()))])
         if tool == "whoami":
