@@ -29,7 +29,7 @@ log = logging.getLogger("gateway.server")
 PAGE_SIZE = 100
 META_TOOLS = ("tool_search", "tool_schema", "tool_call")
 MAX_HOSTS = 64  # host connections remembered for list_changed pushes
-READY_WAIT_CAP = 90.0  # longest a first tools/list waits for slow upstreams to come up
+READY_WAIT_CAP = 30.0  # longest a tools/list waits for slow upstreams; later arrivals are pushed by list_changed
 
 
 class GatewayServer(Server[Any]):

@@ -32,6 +32,7 @@ log = logging.getLogger("gateway.upstream")
 BACKOFF_FIRST = 1.0
 BACKOFF_MAX = 30.0
 HEALTHY_AFTER = 60.0  # a connection that lived this long resets the backoff
+LOG_ROTATE_BYTES = 10 * 1024 * 1024
 CLIENT_INFO = types.Implementation(name="mcp-context-gateway", version="0.1.0")
 
 State = Literal["starting", "ok", "failed", "stopped"]
@@ -159,6 +160,8 @@ class Upstream:
         cfg = self.config.expanded()
         if cfg.command:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            if self.log_path.exists() and self.log_path.stat().st_size > LOG_ROTATE_BYTES:
+                self.log_path.replace(self.log_path.with_suffix(".log.1"))  # keep one older log
             with open(self.log_path, "ab") as errlog:
                 self._log_mark = errlog.tell()
                 async with linear_stdio_client(
