@@ -180,3 +180,14 @@ def test_settings_precedence_cli_over_env_over_file(tmp_path: Path) -> None:
     roots = load_settings(cfg, {"ingest_root": ["/a", "/b"]}, environ={}).gateway.ingest_roots
     assert [str(r) for r in roots] == ["/a", "/b"]
     assert load_settings(cfg, environ={"CTX_LLM_MODEL": "qwen"}).llm.model == "qwen"
+
+
+def test_plugin_selection_trace_and_unknown_plugin(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, {"p": probe("p")}, plugins=["offload", "monitor"])
+    traced = run_cli("inspect", "--config", str(cfg), CTX_TRACE_PLUGINS="1")
+    assert traced.returncode == 0, traced.stderr
+    assert "trace offload.on_tools_listed" in traced.stderr and "trace monitor.on_tools_listed" in traced.stderr
+    assert traced.stderr.index("trace offload") < traced.stderr.index("trace monitor")  # the configured order
+    unknown = run_cli("inspect", "--config", str(cfg), "--plugins", "offload,nope")
+    assert unknown.returncode == 2 and "plugin 'nope' is not installed" in unknown.stderr
+    assert "known plugins: documents, memory, monitor, offload" in unknown.stderr
