@@ -187,6 +187,7 @@ class OffloadPlugin(Plugin):
             counts = {k: v for k, v in full["itemCount"].items() if k.count(".") <= 1}
             out["itemCount"] = dict(itertools.islice(counts.items(), 5))
             return out
+        jsonfile.warm_outline(saved.path)  # counts and samples are ready by the model's next call
         return _head_outline(saved.path)
 
     # -- the exploration tools -----------------------------------------------------------------------

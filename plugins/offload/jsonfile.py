@@ -9,6 +9,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import json
+import logging
 import os
 import threading
 from collections import OrderedDict
@@ -29,6 +30,7 @@ from plugins.offload.paths import (
     type_name,
 )
 
+log = logging.getLogger("plugins.offload")
 SMALL_FILE = 4 * 1024 * 1024  # parsed whole and cached; larger files are streamed
 CACHE_BYTES = 64 * 1024 * 1024  # total size of files kept parsed
 OUTLINE_DEPTH = 3
@@ -114,18 +116,44 @@ class _Node:
     value: Any = None
 
 
+_PENDING: dict[tuple[str, int, int], threading.Event] = {}
+
+
 def outline(path: Path) -> dict[str, Any]:
-    """Type, keys, item counts and value types to depth 3, plus sample items. Cached per file version."""
+    """Type, keys, item counts and value types to depth 3, plus sample items. Cached per file version;
+    a caller that arrives while another computes it waits for that result instead of parsing again."""
     key = _key(path)
-    with _OUTLINE_LOCK:
-        if key in _OUTLINES:
-            return _OUTLINES[key]
-    result = _outline_small(path) if is_small(path) else _outline_stream(path)
-    with _OUTLINE_LOCK:
-        _OUTLINES[key] = result
-        while len(_OUTLINES) > 32:
-            _OUTLINES.popitem(last=False)
-    return result
+    while True:
+        with _OUTLINE_LOCK:
+            if key in _OUTLINES:
+                return _OUTLINES[key]
+            pending = _PENDING.get(key)
+            if pending is None:
+                _PENDING[key] = threading.Event()
+                break
+        pending.wait()
+    try:
+        result = _outline_small(path) if is_small(path) else _outline_stream(path)
+        with _OUTLINE_LOCK:
+            _OUTLINES[key] = result
+            while len(_OUTLINES) > 32:
+                _OUTLINES.popitem(last=False)
+        return result
+    finally:
+        with _OUTLINE_LOCK:
+            _PENDING.pop(key).set()
+
+
+def warm_outline(path: Path) -> None:
+    """Start the outline of a large file in the background, so response_outline finds it ready."""
+
+    def run() -> None:
+        try:
+            outline(path)
+        except Exception as exc:  # broken JSON: response_outline will say so when asked
+            log.debug("background outline of %s failed: %s", path.name, exc)
+
+    threading.Thread(target=run, name=f"outline:{path.name}", daemon=True).start()
 
 
 def cached_outline(path: Path) -> dict[str, Any] | None:
