@@ -28,7 +28,7 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
             continue
         field = models[section].model_fields[key]
         annotation = field.annotation
-        kwargs: dict[str, Any] = {"dest": flat, "default": None, "help": argparse.SUPPRESS}
+        kwargs: dict[str, Any] = {"dest": flat, "default": None, "help": f"[{section}] {key}"}
         if flat == "ingest_root":
             kwargs |= {"action": "append", "metavar": "DIR", "help": "doc_ingest may read below DIR (repeatable)"}
         elif get_origin(annotation) is list:
@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mcp-context-gateway",
         description="One MCP entry that fronts many MCP servers and keeps oversized results out of the context.",
     )
+    from gateway import __version__
+
+    parser.add_argument("--version", action="version", version=f"mcp-context-gateway {__version__}")
     sub = parser.add_subparsers(dest="command")
     specs = {
         "serve": "run the gateway for a host (stdio unless --transport http)",
@@ -91,7 +94,7 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in (*COMMANDS, "-h", "--help"):
+    if not argv or argv[0] not in (*COMMANDS, "-h", "--help", "--version"):
         argv.insert(0, "serve")
     args = build_parser().parse_args(argv)
     logging.basicConfig(
