@@ -37,22 +37,6 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
             kwargs |= {"choices": list(get_args(annotation))}
         elif annotation in (int, float):
             kwargs |= {"type": annotation}
-        if flat in (
-            "budget",
-            "context_window",
-            "transport",
-            "host",
-            "port",
-            "auth_token",
-            "workspace",
-            "max_response_size",
-            "max_response_tokens",
-            "tool_mode",
-            "plugins",
-            "llm_base_url",
-            "llm_model",
-        ):
-            kwargs["help"] = f"[{section}] {key}"
         group.add_argument("--" + flat.replace("_", "-"), **kwargs)
 
 
