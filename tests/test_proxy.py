@@ -85,6 +85,7 @@ async def test_host_cancellation_reaches_upstream(tmp_path: Path) -> None:
     marker = tmp_path / "cancelled"
     settings = make_settings(tmp_path, {"p": probe("p", env={"PROBE_CANCEL_MARKER": str(marker)})})
     async with inproc(settings) as (_, session):
+        assert text_of(await call(session, "p__echo", {"text": "ready"})) == "ready"  # the upstream is up
         async with anyio.create_task_group() as tg:
 
             async def slow_call() -> None:
