@@ -32,11 +32,19 @@ def parse_path(path: str | None) -> tuple[list[Step], str | None]:
     text = path.strip()
     if text in ("", "$", "."):
         return [], None
-    if text.startswith("$"):
-        return _parse_jsonpath(text)
+    return _scan(text, 1 if text.startswith("$") else 0)
+
+
+_INT = re.compile(r"-?\d+")
+
+
+def _scan(text: str, pos: int) -> tuple[list[Step], str | None]:
+    """Keys and indices up to the first wildcard, filter, slice or recursive descent; that part and
+    everything after it is the JSONPath remainder."""
     steps: list[Step] = []
-    pos = 0
     while pos < len(text):
+        if text.startswith("..", pos):
+            return steps, "$" + text[pos:]
         if text[pos] == ".":
             pos += 1
             continue
@@ -46,15 +54,14 @@ def parse_path(path: str | None) -> tuple[list[Step], str | None]:
             pos = bracket.end()
             continue
         key = _DOTTED_KEY.match(text, pos)
-        if not key:
-            raise PathError(
-                f"cannot read json_path {path!r} at character {pos + 1}; use 'data.0.name' or '$.data[0].name'"
-            )
-        token = key.group()
-        if token in ("*", "**") or "*" in token:
-            return steps, "$." + text[pos:]
-        steps.append(int(token) if re.fullmatch(r"-?\d+", token) else token)
-        pos = key.end()
+        if key and "*" not in key.group():
+            token = key.group()
+            steps.append(int(token) if _INT.fullmatch(token) else token)
+            pos = key.end()
+            continue
+        if key or text[pos] == "[":
+            return steps, "$" + ("" if text[pos] == "[" else ".") + text[pos:]
+        raise PathError(f"cannot read json_path {text!r} at character {pos + 1}; use 'data.0.name' or '$.data[0].name'")
     return steps, None
 
 
@@ -63,30 +70,6 @@ def _bracket_step(match: re.Match[str]) -> Step:
         return int(match.group(1))
     raw = match.group(2) if match.group(2) is not None else match.group(3)
     return raw.replace("\\'", "'").replace('\\"', '"').replace("\\\\", "\\")
-
-
-def _parse_jsonpath(text: str) -> tuple[list[Step], str | None]:
-    steps: list[Step] = []
-    pos = 1
-    while pos < len(text):
-        if text.startswith("..", pos):
-            return steps, "$" + text[pos:]
-        if text[pos] == ".":
-            key = _DOTTED_KEY.match(text, pos + 1)
-            if not key or "*" in key.group():
-                return steps, "$" + text[pos:]
-            steps.append(key.group())
-            pos = key.end()
-            continue
-        bracket = _BRACKET.match(text, pos)
-        if bracket:
-            steps.append(_bracket_step(bracket))
-            pos = bracket.end()
-            continue
-        if text[pos] == "[":
-            return steps, "$" + text[pos:]
-        raise PathError(f"cannot read JSONPath {text!r} at character {pos + 1}")
-    return steps, None
 
 
 @lru_cache(maxsize=256)
@@ -120,6 +103,8 @@ def ijson_prefix(steps: list[str]) -> str:
 def step_into(value: Any, step: Step, where: list[Step]) -> Any:
     """One step into an in-memory value, with errors that say what is there instead."""
     here = format_path(where)
+    if isinstance(step, int) and isinstance(value, dict) and str(step) in value:
+        return value[str(step)]
     if isinstance(step, int):
         if not isinstance(value, list):
             raise PathError(f"{here} is {type_name(value)}, not an array; index {step} does not apply")
