@@ -14,18 +14,15 @@ from pathlib import Path
 
 import anyio
 import mcp_types as types
-from mcp import ClientSession
-from mcp.shared.memory import create_client_server_memory_streams
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import pct, table  # noqa: E402
+from common import call, inproc_session, pct, table  # noqa: E402
 from fleet import fleet  # noqa: E402
 
 from gateway.catalog import definition_tokens  # noqa: E402
-from gateway.server import Gateway  # noqa: E402
-from gateway.settings import load_settings, to_toml  # noqa: E402
+from gateway.settings import to_toml  # noqa: E402
 
 QUERIES = [
     "read a file",
@@ -64,26 +61,15 @@ async def measure(tmp: Path, mode: str, plugins: list[str]) -> tuple[list[types.
         + '\n[llm]\nbase_url = "http://127.0.0.1:9/v1"\n\n'
         + to_toml(fleet(tmp))
     )
-    gateway = Gateway(load_settings(cfg, environ={}))
     latencies: list[float] = []
-    async with gateway.running(), create_client_server_memory_streams() as (client, server):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(gateway.server.run, *server, gateway.server.create_initialization_options())
-            async with ClientSession(*client) as s:
-                await s.initialize()
-                tools = (await s.list_tools()).tools
-                if mode == "catalog":
-                    for _ in range(5):
-                        for q in QUERIES:
-                            t = time.perf_counter()
-                            await s.send_request(
-                                types.CallToolRequest(
-                                    params=types.CallToolRequestParams(name="tool_search", arguments={"query": q})
-                                ),
-                                types.CallToolResult,
-                            )
-                            latencies.append((time.perf_counter() - t) * 1000)
-            tg.cancel_scope.cancel()
+    async with inproc_session(cfg) as s:
+        tools = (await s.list_tools()).tools
+        if mode == "catalog":
+            for _ in range(5):
+                for q in QUERIES:
+                    t = time.perf_counter()
+                    await call(s, "tool_search", {"query": q})
+                    latencies.append((time.perf_counter() - t) * 1000)
     return tools, latencies
 
 

@@ -28,6 +28,25 @@ async def stdio_session(argv: list[str], errlog_path: Path) -> AsyncIterator[Cli
             yield session
 
 
+@asynccontextmanager
+async def inproc_session(config: Path) -> AsyncIterator[ClientSession]:
+    """The gateway's front server in this process (memory streams); its upstreams are real processes."""
+    import anyio
+    from mcp.shared.memory import create_client_server_memory_streams
+
+    from gateway.server import Gateway
+    from gateway.settings import load_settings
+
+    gateway = Gateway(load_settings(config, environ={}))
+    async with gateway.running(), create_client_server_memory_streams() as (client, server):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(gateway.server.run, *server, gateway.server.create_initialization_options())
+            async with ClientSession(*client) as session:
+                await session.initialize()
+                yield session
+            tg.cancel_scope.cancel()
+
+
 async def call(session: ClientSession, name: str, args: dict[str, Any]) -> types.CallToolResult:
     return await session.send_request(
         types.CallToolRequest(params=types.CallToolRequestParams(name=name, arguments=args)), types.CallToolResult

@@ -18,15 +18,9 @@ from collections import Counter
 from pathlib import Path
 
 import anyio
-import mcp_types as types
-from mcp import ClientSession
-from mcp.shared.memory import create_client_server_memory_streams
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import pct, table
-
-from gateway.server import Gateway
-from gateway.settings import load_settings
+from common import call, inproc_session, pct, table
 
 WORDS = [
     "deploy",
@@ -79,12 +73,6 @@ def naive_bm25(texts: list[str], query: str, k: int = 5) -> list[int]:
     return [i for _, i in sorted(scores, reverse=True)[:k]]
 
 
-async def call(session: ClientSession, name: str, args: dict) -> types.CallToolResult:
-    return await session.send_request(
-        types.CallToolRequest(params=types.CallToolRequestParams(name=name, arguments=args)), types.CallToolResult
-    )
-
-
 async def main() -> None:
     rows = [
         [
@@ -105,32 +93,24 @@ async def main() -> None:
             f'[gateway]\nworkspace = {json.dumps(str(tmp / "ws"))}\nplugins = ["memory"]\nbudget = 4000\n'
             '[llm]\nbase_url = "http://127.0.0.1:9/v1"\n'
         )
-        gateway = Gateway(load_settings(cfg, environ={}))
         texts: list[str] = []
-        async with gateway.running(), create_client_server_memory_streams() as (client, server):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(gateway.server.run, *server, gateway.server.create_initialization_options())
-                async with ClientSession(*client) as s:
-                    await s.initialize()
-                    appends = []
-                    for i in range(size):
-                        texts.append(note(rng, i))
-                        t = time.perf_counter()
-                        await call(s, "context_append", {"session_id": "bench", "text": texts[-1]})
-                        appends.append((time.perf_counter() - t) * 1000)
-                    recalls, naive = [], []
-                    for _ in range(30):
-                        query = " ".join(rng.sample(WORDS, 2) + rng.sample(KOREAN, 1))
-                        t = time.perf_counter()
-                        result = await call(
-                            s, "context_recall", {"session_id": "bench", "query": query, "max_tokens": 800}
-                        )
-                        recalls.append((time.perf_counter() - t) * 1000)
-                        assert not result.is_error
-                        t = time.perf_counter()
-                        naive_bm25(texts, query)
-                        naive.append((time.perf_counter() - t) * 1000)
-                tg.cancel_scope.cancel()
+        async with inproc_session(cfg) as s:
+            appends = []
+            for i in range(size):
+                texts.append(note(rng, i))
+                t = time.perf_counter()
+                await call(s, "context_append", {"session_id": "bench", "text": texts[-1]})
+                appends.append((time.perf_counter() - t) * 1000)
+            recalls, naive = [], []
+            for _ in range(30):
+                query = " ".join(rng.sample(WORDS, 2) + rng.sample(KOREAN, 1))
+                t = time.perf_counter()
+                result = await call(s, "context_recall", {"session_id": "bench", "query": query, "max_tokens": 800})
+                recalls.append((time.perf_counter() - t) * 1000)
+                assert not result.is_error
+                t = time.perf_counter()
+                naive_bm25(texts, query)
+                naive.append((time.perf_counter() - t) * 1000)
         rows.append(
             [
                 str(size),
