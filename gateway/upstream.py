@@ -202,10 +202,16 @@ class Upstream:
                 client_info=CLIENT_INFO,
             ) as session,
         ):
-            with anyio.fail_after(self.config.init_timeout_seconds):
-                init = await session.initialize()
-                self.server_info, self.instructions = init.server_info, init.instructions
-                await self._list_all(session)
+            try:
+                with anyio.fail_after(self.config.init_timeout_seconds):
+                    init = await session.initialize()
+                    self.server_info, self.instructions = init.server_info, init.instructions
+                    await self._list_all(session)
+            except TimeoutError:
+                raise ConnectionLost(
+                    f"did not finish initialize and listing within {self.config.init_timeout_seconds:.0f} s "
+                    "(a first npx run downloads packages: raise init_timeout_seconds)"
+                ) from None
             self.session, self.state, self.error, self.next_retry_at = session, "ok", "", None
             log.info("upstream %s: ready, %d tools", self.name, len(self.tools))
             self.ready.set()
