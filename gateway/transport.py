@@ -22,7 +22,10 @@ from gateway.stdio_transport import pipe_stdio_server
 log = logging.getLogger("gateway.transport")
 
 
-SIGNALS = (signal.SIGTERM, signal.SIGINT) if sys.platform != "win32" else (signal.SIGINT,)
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# anyio has no signal receiver on Windows; there the host ends the gateway by closing stdin (or
+# killing its Job Object), and Ctrl+C arrives as KeyboardInterrupt.
+HANDLE_SIGNALS = sys.platform != "win32"
 
 
 async def _cancel_on_signal(scope: anyio.CancelScope) -> None:
@@ -58,7 +61,8 @@ def _front_stdio() -> Any:
 
 async def serve_stdio(gateway: Gateway) -> None:
     async with anyio.create_task_group() as tg:
-        tg.start_soon(_exit_on_signal, gateway)
+        if HANDLE_SIGNALS:
+            tg.start_soon(_exit_on_signal, gateway)
         async with gateway.running(), _front_stdio() as (read, write):
             await gateway.server.run(read, write, gateway.server.create_initialization_options())
         tg.cancel_scope.cancel()
@@ -127,7 +131,8 @@ async def serve_http(gateway: Gateway, ready: anyio.Event | None = None) -> None
     server = uvicorn.Server(config)
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]  # our handler stops it
     async with anyio.create_task_group() as tg:
-        tg.start_soon(_cancel_on_signal, tg.cancel_scope)
+        if HANDLE_SIGNALS:
+            tg.start_soon(_cancel_on_signal, tg.cancel_scope)
         async with gateway.running(), manager.run():
             log.warning("serving Streamable HTTP at http://%s:%d/mcp", cfg.host, cfg.port)
             if ready is not None:

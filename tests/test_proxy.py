@@ -154,7 +154,13 @@ async def test_hung_upstream_times_out_and_is_restarted(tmp_path: Path) -> None:
 
 async def test_failed_start_is_reported_and_others_work(tmp_path: Path) -> None:
     settings = make_settings(
-        tmp_path, {"bad": probe("bad", "--fail-start"), "gone": {"command": "no-such-command-xyz"}, "ok": probe("ok")}
+        tmp_path,
+        {
+            "bad": probe("bad", "--fail-start"),
+            "gone": {"command": "no-such-command-xyz"},
+            "slow": probe("slow", "--hang-start", init_timeout_seconds=1),
+            "ok": probe("ok"),
+        },
     )
     async with inproc(settings) as (gateway, session):
         names = {t.name for t in await list_all_tools(session)}
@@ -162,6 +168,10 @@ async def test_failed_start_is_reported_and_others_work(tmp_path: Path) -> None:
         bad = gateway.upstreams["bad"]
         assert bad.state == "failed" and "failing at start on purpose" in bad.error
         assert "command not found" in gateway.upstreams["gone"].error
+        with anyio.fail_after(10):
+            while "initialize" not in gateway.upstreams["slow"].error:
+                await anyio.sleep(0.1)
+        assert "raise init_timeout_seconds" in gateway.upstreams["slow"].error
         result = await call(session, "bad__echo", {"text": "x"})
         assert result.is_error and "'bad'" in text_of(result)
         assert text_of(await call(session, "ok__whoami")) == "ok"

@@ -218,8 +218,11 @@ def main() -> None:
     parser.add_argument("--name", default="probe")
     parser.add_argument("--http", type=int, default=0)
     parser.add_argument("--fail-start", action="store_true")
+    parser.add_argument("--hang-start", action="store_true")
     parser.add_argument("--extra-tools", type=int, default=0)
     args = parser.parse_args()
+    if args.hang_start:
+        time.sleep(3600)
     if args.fail_start:
         print("probe: failing at start on purpose", file=sys.stderr)
         sys.exit(7)
