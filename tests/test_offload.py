@@ -177,6 +177,8 @@ async def test_json_exploration(tmp_path: Path, size: int) -> None:
         if value is None:  # too large even so: saved as a new file with a hint
             assert picked.structured_content["fileRef"]["id"].startswith("resp_")
             assert "narrow json_path" in picked.structured_content["hint"]
+            saved = json.loads(Path(picked.structured_content["fileRef"]["path"]).read_text())
+            assert len(saved) == n and saved[-1] == {"id": n - 1}
         else:
             assert value[0] == {"id": 0}
         truncated = (

@@ -387,28 +387,58 @@ class OffloadPlugin(Plugin):
                 "response_compress works on JSON results; for text use response_slice (line ranges) or response_search"
             )
         steps, _ = parse_path(json_path)
-        if not steps and not jsonfile.is_small(path) and mode != "keys_only":
+        if not steps and not jsonfile.is_small(path) and mode != "keys_only" and jsonfile.large_array(path, []) is None:
             info = jsonfile.outline(path)
             biggest = max(info["itemCount"].items(), key=lambda kv: kv[1], default=(None, 0))[0]
             raise ToolInputError(
                 f"response_compress: the file is {human_size(info['size'])}; give a json_path below the root"
                 + (f", e.g. json_path='{biggest}'" if biggest and biggest != "$" else "")
             )
+        budget = self._answer_budget()
+        count = jsonfile.large_array(path, steps) if mode != "keys_only" else None
+        if count is not None:
+            # a large array is compressed item by item: never loaded whole
+            stream = jsonfile.compress_stream(
+                path, steps, count, mode, head=head, tail=tail, max_length=max_length, wanted=keys
+            )
+            kept, used = [], 2
+            for item in stream:
+                kept.append(item)
+                used += cost(item) + 1
+                if used > budget:
+                    return self._compressed_file(mode, steps, itertools.chain(kept, stream))
+            return self._compressed(mode, steps, kept)
         if not steps and mode == "keys_only" and not jsonfile.is_small(path):
             value: Any = jsonfile.outline(path)["structure"]
         else:
             value, steps = jsonfile.resolve(path, json_path)
             value = jsonfile.compress(value, mode, head=head, tail=tail, max_length=max_length, keys=keys)
-        budget = self._answer_budget()
         if cost(value) <= budget:
-            return {
-                "json_path": format_path(steps),
-                "mode": mode,
-                "value": value,
-                "hint": "response_slice for one item in full; response_search to find records",
-            }
+            return self._compressed(mode, steps, value)
+        return self._compressed_file(mode, steps, iter([value]), whole=True)
+
+    def _compressed(self, mode: str, steps: list[Any], value: Any) -> dict[str, Any]:
+        return {
+            "json_path": format_path(steps),
+            "mode": mode,
+            "value": value,
+            "hint": "response_slice for one item in full; response_search to find records",
+        }
+
+    def _compressed_file(self, mode: str, steps: list[Any], items: Any, whole: bool = False) -> dict[str, Any]:
+        """Still too large for the context: saved as a new file (written as it is produced)."""
         assert self.store is not None
-        saved = self.store.save_text(f"response_compress__{mode}", json.dumps(value, ensure_ascii=False), "json")
+
+        def chunks() -> Any:
+            if whole:
+                yield json.dumps(next(items), ensure_ascii=False)
+                return
+            yield "["
+            for i, item in enumerate(items):
+                yield ("," if i else "") + json.dumps(item, ensure_ascii=False)
+            yield "]"
+
+        saved = self.store.save_chunks(f"response_compress__{mode}", chunks(), "json")
         return {
             "json_path": format_path(steps),
             "mode": mode,
@@ -417,7 +447,6 @@ class OffloadPlugin(Plugin):
                 "path": str(saved.path),
                 "size": saved.size,
                 "sizeHint": human_size(saved.size),
-                "tokens": cost(value),
             },
             "hint": "still too large for the context, so it was saved as a new file: narrow json_path "
             "(e.g. one array), lower array_head, or use select_keys; or outline the new file",

@@ -490,6 +490,43 @@ def compress(value: Any, mode: str, *, head: int, tail: int, max_length: int, ke
     raise PathError(f"unknown mode {mode!r}")
 
 
+def large_array(path: Path, steps: list[Step]) -> int | None:
+    """The item count when `steps` (keys only) name an array of a large file: stream it, do not load it."""
+    if is_small(path) or not all(isinstance(s, str) for s in steps):
+        return None
+    entry = outline(path)["structure"].get(format_path(list(steps)) if steps else "$")
+    return entry.get("items") if entry and entry["type"] == "array" else None
+
+
+def compress_stream(
+    path: Path,
+    keys: list[str],
+    count: int,
+    mode: str,
+    *,
+    head: int,
+    tail: int,
+    max_length: int,
+    wanted: list[str] | None,
+) -> Any:
+    """The compressed items of a large array, one at a time (bounded memory)."""
+    prefix = f"{ijson_prefix(keys)}.item" if keys else "item"
+    with open(path, "rb") as fh:
+        items = ijson.items(fh, prefix, use_float=True)
+        if mode == "first_of_array":
+            for item in itertools.islice(items, 1):
+                yield compress(item, mode, head=head, tail=tail, max_length=max_length, keys=wanted)
+            if count > 1:
+                yield f"…(+{count - 1} more items)"
+            return
+        for i, item in enumerate(items):
+            if mode == "sample_array" and head <= i < count - tail:
+                if i == head:
+                    yield f"…({count - head - tail} items omitted)"
+                continue
+            yield compress(item, mode, head=head, tail=tail, max_length=max_length, keys=wanted)
+
+
 def _map(value: Any, on_array: Any, on_string: Any = None) -> Any:
     def f(v: Any) -> Any:
         if isinstance(v, dict):

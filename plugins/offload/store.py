@@ -95,6 +95,13 @@ class ResponseStore:
         )
         return Saved(rid, path, path.stat().st_size, kind, "application/json" if kind == "json" else "text/plain")
 
+    def save_chunks(self, stem: str, chunks: Any, kind: str) -> Saved:
+        """Write text produced piece by piece (atomically); for results built while streaming."""
+        rid = self.new_id()
+        path = self._target(stem, rid, "json" if kind == "json" else "txt")
+        self._atomic(path, lambda fh: [fh.write(c.encode("utf-8", "surrogatepass")) for c in chunks])
+        return Saved(rid, path, path.stat().st_size, kind, "application/json" if kind == "json" else "text/plain")
+
     def save_bytes(self, stem: str, data: str | bytes, mime: str, *, is_base64: bool = True) -> Saved:
         rid = self.new_id()
         payload = base64.b64decode(data) if is_base64 else (data if isinstance(data, bytes) else data.encode())
