@@ -139,6 +139,10 @@ async def test_json_exploration(tmp_path: Path, size: int) -> None:
         assert end["next_path"] is None
         wild = await call(session, "response_slice", {"path": rid, "json_path": "$.data[0].tags[*]"})
         assert wild.structured_content["value"] == ["a", "b"]
+        names = (await call(session, "response_slice", {"path": rid, "json_path": "$.data[*].name"})).structured_content
+        assert names["value"][:3] == ["item-0", "item-1", "item-2"] and "more" in names["value"][-1]
+        cheap = await call(session, "response_slice", {"path": rid, "json_path": "$.data[?(@.id == 7)].name"})
+        assert cheap.structured_content["value"][0] == "item-7"
         whole = (await call(session, "response_slice", {"path": rid, "json_path": "data"})).structured_content
         assert "cut to the token budget" in whole["note"] and "data.0" in whole["note"]
 

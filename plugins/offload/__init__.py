@@ -340,9 +340,13 @@ class OffloadPlugin(Plugin):
                 "response_slice: json_path works on JSON results; this one is text, use "
                 "start_line/end_line or response_search"
             )
+        steps, remainder = parse_path(json_path)
+        count = jsonfile.large_array(path, steps)
+        stream = jsonfile.stream_matches(path, steps, remainder) if count is not None else None
+        if stream is not None:  # a large array: take what fits, never load it whole
+            return self._bounded_slice(json_path, steps, remainder, stream, count, budget)
         value, steps = jsonfile.resolve(path, json_path)
         nxt, prev = (None, None)
-        _, remainder = parse_path(json_path)
         if remainder is None:
             nxt, prev = jsonfile.neighbours(path, steps)
         shown, cut = fit(value, budget)
@@ -353,6 +357,30 @@ class OffloadPlugin(Plugin):
                 f"json_path='{_deeper(steps, value)}', or use response_compress"
             )
         out["next_path"], out["prev_path"] = nxt, prev
+        return out
+
+    def _bounded_slice(
+        self, json_path: str, steps: list[Any], remainder: str | None, stream: Any, count: int, budget: int
+    ) -> dict[str, Any]:
+        shown, used, more = [], 2, False
+        for value in stream:
+            c = cost(value) + 1
+            if used + c > budget:
+                more = True
+                break
+            shown.append(value)
+            used += c
+        if more and remainder is None:
+            shown.append(f"…(+{count - len(shown)} more items)")
+        elif more:
+            shown.append("…(more matches not shown)")
+        out: dict[str, Any] = {"json_path": format_path(steps) if remainder is None else json_path, "value": shown}
+        if more:
+            out["note"] = (
+                f"value cut to the token budget ({budget} tokens); go deeper, e.g. "
+                f"json_path='{format_path([*steps, 0])}', or use response_compress"
+            )
+        out["next_path"], out["prev_path"] = None, None
         return out
 
     def search(self, args: Args) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -496,6 +497,27 @@ def large_array(path: Path, steps: list[Step]) -> int | None:
         return None
     entry = outline(path)["structure"].get(format_path(list(steps)) if steps else "$")
     return entry.get("items") if entry and entry["type"] == "array" else None
+
+
+def stream_array(path: Path, keys: list[str]) -> Any:
+    """The items of the array at `keys`, one at a time."""
+    prefix = f"{ijson_prefix(keys)}.item" if keys else "item"
+    with open(path, "rb") as fh:
+        yield from ijson.items(fh, prefix, use_float=True)
+
+
+_SLICE = re.compile(r"^\$\[-?\d*:")
+
+
+def stream_matches(path: Path, keys: list[str], remainder: str | None) -> Any:
+    """Values of a large array, or what a JSONPath remainder selects from each item (wildcards and
+    filters apply item by item, so the array is never loaded whole). None when that cannot be done."""
+    if remainder is None:
+        return stream_array(path, keys)
+    if not remainder.startswith("$[") or _SLICE.match(remainder):
+        return None
+    expression = compiled_jsonpath(remainder)
+    return (match.value for item in stream_array(path, keys) for match in expression.find([item]))
 
 
 def compress_stream(
