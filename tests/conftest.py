@@ -30,6 +30,23 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_tmp(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A temp folder of our own: a statusline bridge file left in the real /tmp by a running Claude Code
+    must not stand in for the gateway's ledger in these tests."""
+    import tempfile
+
+    folder = tmp_path_factory.mktemp("tmp")
+    saved_env, saved_dir = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"], tempfile.tempdir = str(folder), str(folder)
+    yield folder
+    tempfile.tempdir = saved_dir
+    if saved_env is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = saved_env
+
+
 def probe(name: str = "probe", *extra: str, **cfg: Any) -> dict[str, Any]:
     """A `[servers.X]` table that starts the probe server over stdio."""
     return {"command": PY, "args": [PROBE, "--name", name, *extra], **cfg}
