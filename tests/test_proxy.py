@@ -268,6 +268,13 @@ async def test_2026_era_host_can_list_and_call(tmp_path: Path) -> None:
         assert "p__echo" in {t.name for t in tools.tools}
         result = await client.call_tool("p__echo", {"text": "modern"})
         assert text_of(result) == "modern"
+        # list_changed reaches 2026-era hosts on their subscriptions/listen stream
+        async with client.listen(tools_list_changed=True) as subscription:
+            await client.call_tool("p__grow", {})
+            with anyio.fail_after(10):
+                event = await subscription.__anext__()
+            assert type(event).__name__ == "ToolsListChanged"
+        assert "p__grown" in {t.name for t in (await client.list_tools()).tools}
 
 
 def test_stderr_goes_to_per_server_log_and_children_stop_on_sigterm(tmp_path: Path) -> None:
