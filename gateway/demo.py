@@ -13,18 +13,10 @@ import mcp_types as types
 from mcp import ClientSession
 
 from gateway.catalog import definition_tokens
-from gateway.results import result_text
+from gateway.results import human_size, result_text
 from gateway.settings import Settings
 from gateway.stdio_transport import linear_stdio_client
 from gateway.tokens import estimate_tokens
-
-
-def human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GB"
 
 
 def _line(ok: bool, left: str, right: str) -> None:
@@ -102,7 +94,7 @@ async def _demo_calls(session: ClientSession, sep: str) -> None:
         _line(
             False,
             f"demo{sep}list_orders(count=5000)",
-            f"{human(_size(big))} (~{estimate_tokens(text)} tokens) reached the model: offload is disabled",
+            f"{human_size(_size(big))} (~{estimate_tokens(text)} tokens) reached the model: offload is disabled",
         )
         return
     file_ref = ref["fileRef"]
@@ -111,7 +103,7 @@ async def _demo_calls(session: ClientSession, sep: str) -> None:
         f"demo{sep}list_orders(count=5000)",
         f"upstream sent {file_ref['sizeHint']} (~{file_ref['tokens']:,} tokens): saved to a file",
     )
-    print(f"  {'':36} the model got {human(_size(big))} (~{estimate_tokens(text)} tokens): a fileRef + outline")
+    print(f"  {'':36} the model got {human_size(_size(big))} (~{estimate_tokens(text)} tokens): a fileRef + outline")
     print(f"  {'':36} file: {file_ref['path']}")
     outline = await _call(session, "response_outline", {"path": file_ref["id"]})
     data = outline.structured_content or {}

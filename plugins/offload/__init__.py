@@ -21,11 +21,12 @@ import pydantic_core
 
 from gateway.args import Args, ToolInputError
 from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall, guarded, tool
+from gateway.results import human_size
 from gateway.tokens import estimate_tokens
 from plugins.offload import jsonfile, textfile
 from plugins.offload.fit import cost, fit
 from plugins.offload.paths import PathError, format_path, parse_path
-from plugins.offload.store import ResponseStore, Saved, StoreError, human_size, open_command, utf8_size
+from plugins.offload.store import ResponseStore, Saved, StoreError, open_command, utf8_size
 
 log = logging.getLogger("plugins.offload")
 

@@ -36,15 +36,6 @@ class StoreError(Exception):
     """A path or id the model gave that does not resolve; the message says what exists."""
 
 
-def human_size(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1024 or unit == "GB":
-            return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} GB"
-
-
 def open_command(path: Path) -> str:
     if sys.platform == "darwin":
         return f"open {path}"
