@@ -117,6 +117,11 @@ def cmd_serve(settings: Settings) -> int:
     from gateway.server import Gateway
     from gateway.transport import serve_http, serve_stdio
 
+    if not settings.enabled_servers:
+        log.warning(
+            "no upstream servers configured (pass --config /abs/path/gateway.toml or a host mcp.json; "
+            "see config.example.toml): serving only the gateway's own tools"
+        )
     gateway = Gateway(settings)
     serve = serve_http if settings.gateway.transport == "http" else serve_stdio
     anyio.run(serve, gateway)
