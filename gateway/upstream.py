@@ -265,7 +265,9 @@ class Upstream:
 
     async def _list_all(self, session: ClientSession) -> None:
         caps = session.server_capabilities
-        self.tools = await _paginate(session.list_tools, "tools") if caps and caps.tools else []
+        self.tools = (
+            await _paginate(lambda params: _list_tools(session, params), "tools") if caps and caps.tools else []
+        )
         if caps and caps.resources:
             self.resources = await _paginate(session.list_resources, "resources")
             self.templates = await _paginate(session.list_resource_templates, "resource_templates")
@@ -383,6 +385,31 @@ class Upstream:
             raise MCPError(
                 types.REQUEST_TIMEOUT, f"Upstream server '{self.name}' did not answer {what} in time"
             ) from None
+
+
+async def _list_tools(session: ClientSession, params: types.PaginatedRequestParams) -> types.ListToolsResult:
+    """tools/list, tolerant of definitions the strict schema rejects (an `inputSchema` without `type`,
+    common in older servers): one bad definition must not keep a whole server out."""
+    try:
+        return await session.list_tools(params=params)
+    except ValidationError as exc:
+        log.warning("tools/list did not fit the MCP schema (%s errors); repairing the definitions", exc.error_count())
+    # The SDK validates every result against the schema; its dispatcher (private in mcp 2.3, pinned) gives
+    # the raw page, which is repaired here the same way the catalog repairs what it re-advertises.
+    raw = await session._dispatcher.send_raw_request(
+        "tools/list", {"cursor": params.cursor} if params.cursor else None, None
+    )
+    tools = []
+    for item in raw.get("tools") or []:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            continue
+        schema = item.get("inputSchema") if isinstance(item.get("inputSchema"), dict) else {}
+        item = {**item, "inputSchema": {**schema, "type": "object"}}
+        try:
+            tools.append(types.Tool.model_validate(item, by_name=False))
+        except ValidationError as exc:
+            log.warning("skipping tool %r: %s", item["name"], exc.errors()[0]["msg"])
+    return types.ListToolsResult(tools=tools, next_cursor=raw.get("nextCursor"))
 
 
 async def _paginate(method: Callable[..., Awaitable[Any]], field: str) -> list[Any]:

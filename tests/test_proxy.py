@@ -388,3 +388,16 @@ async def test_upstream_elicitation_reaches_the_host_that_made_the_call(tmp_path
     # a host that cannot answer elicitation: the upstream is told no, nothing hangs
     async with inproc(settings) as (_, session):
         assert text_of(await call(session, "p__ask")) == "decline:"
+
+
+async def test_old_style_tool_definitions_are_repaired_not_fatal(tmp_path: Path) -> None:
+    raw = str(Path(__file__).parent / "servers" / "raw_server.py")
+    settings = make_settings(tmp_path, {"old": {"command": PY, "args": [raw]}, "p": probe("p")})
+    async with inproc(settings) as (gateway, session):
+        tools = {t.name: t for t in await list_all_tools(session)}
+        assert gateway.upstreams["old"].state == "ok"
+        assert tools["old__legacy_echo"].input_schema["type"] == "object"
+        assert tools["old__legacy_echo"].input_schema["properties"] == {"text": {"type": "string"}}
+        assert tools["old__no_schema"].input_schema == {"type": "object"}
+        assert text_of(await call(session, "old__legacy_echo", {"text": "hi"})) == "legacy_echo:hi"
+        assert text_of(await call(session, "p__whoami")) == "p"

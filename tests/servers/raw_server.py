@@ -1,0 +1,49 @@
+"""A hand-written MCP server (no SDK) that speaks JSON-RPC over stdio the way some older servers do:
+its tool definitions omit `inputSchema.type`, which the SDK's strict result schema rejects."""
+
+import json
+import sys
+
+TOOLS = [
+    {
+        "name": "legacy_echo",
+        "description": "Echo, with an old-style schema.",
+        "inputSchema": {"properties": {"text": {"type": "string"}}},
+    },
+    {"name": "no_schema", "description": "A tool with an empty schema.", "inputSchema": {}},
+]
+
+
+def reply(msg_id, result):
+    sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": msg_id, "result": result}) + "\n")
+    sys.stdout.flush()
+
+
+for line in sys.stdin:
+    if not line.strip():
+        continue
+    msg = json.loads(line)
+    method, msg_id = msg.get("method"), msg.get("id")
+    if msg_id is None:
+        continue  # notifications
+    if method == "initialize":
+        reply(
+            msg_id,
+            {
+                "protocolVersion": msg["params"]["protocolVersion"],
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": "raw", "version": "0.0.1"},
+            },
+        )
+    elif method == "tools/list":
+        reply(msg_id, {"tools": TOOLS})
+    elif method == "tools/call":
+        args = msg["params"].get("arguments") or {}
+        reply(msg_id, {"content": [{"type": "text", "text": f"{msg['params']['name']}:{args.get('text', '')}"}]})
+    elif method == "ping":
+        reply(msg_id, {})
+    else:
+        sys.stdout.write(
+            json.dumps({"jsonrpc": "2.0", "id": msg_id, "error": {"code": -32601, "message": method}}) + "\n"
+        )
+        sys.stdout.flush()
