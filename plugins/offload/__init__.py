@@ -351,14 +351,7 @@ class OffloadPlugin(Plugin):
         if remainder is None:
             nxt, prev = jsonfile.neighbours(path, steps)
         shown, cut = fit(value, budget)
-        out = {"json_path": format_path(steps) if remainder is None else json_path, "value": shown}
-        if cut:
-            out["note"] = (
-                f"value cut to the token budget ({budget} tokens); go deeper, e.g. "
-                f"json_path='{_deeper(steps, value)}', or use response_compress"
-            )
-        out["next_path"], out["prev_path"] = nxt, prev
-        return out
+        return _slice_answer(json_path, steps, remainder, shown, cut, _deeper(steps, value), budget, nxt, prev)
 
     def _bounded_slice(
         self, json_path: str, steps: list[Any], remainder: str | None, stream: Any, count: int, budget: int
@@ -375,14 +368,7 @@ class OffloadPlugin(Plugin):
             shown.append(f"…(+{count - len(shown)} more items)")
         elif more:
             shown.append("…(more matches not shown)")
-        out: dict[str, Any] = {"json_path": format_path(steps) if remainder is None else json_path, "value": shown}
-        if more:
-            out["note"] = (
-                f"value cut to the token budget ({budget} tokens); go deeper, e.g. "
-                f"json_path='{format_path([*steps, 0])}', or use response_compress"
-            )
-        out["next_path"], out["prev_path"] = None, None
-        return out
+        return _slice_answer(json_path, steps, remainder, shown, more, format_path([*steps, 0]), budget)
 
     def search(self, args: Args) -> dict[str, Any]:
         path = self._file(args)
@@ -480,6 +466,27 @@ class OffloadPlugin(Plugin):
             "hint": "still too large for the context, so it was saved as a new file: narrow json_path "
             "(e.g. one array), lower array_head, or use select_keys; or outline the new file",
         }
+
+
+def _slice_answer(
+    json_path: str,
+    steps: list[Any],
+    remainder: str | None,
+    shown: Any,
+    cut: bool,
+    deeper: str,
+    budget: int,
+    next_path: str | None = None,
+    prev_path: str | None = None,
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"json_path": format_path(steps) if remainder is None else json_path, "value": shown}
+    if cut:
+        out["note"] = (
+            f"value cut to the token budget ({budget} tokens); go deeper, e.g. json_path='{deeper}', "
+            "or use response_compress"
+        )
+    out["next_path"], out["prev_path"] = next_path, prev_path
+    return out
 
 
 def _id_of(path: Path) -> str:
