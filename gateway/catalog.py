@@ -10,7 +10,6 @@ import hashlib
 import logging
 import re
 from dataclasses import dataclass
-from typing import Any
 
 import mcp_types as types
 
@@ -143,11 +142,6 @@ class Catalog:
 
 def _owner(owner: str) -> str:
     return owner if owner == "the gateway" else f"server '{owner}'"
-
-
-def tool_wire(tool: types.Tool) -> dict[str, Any]:
-    """A tool as the host receives it."""
-    return tool.model_dump(by_alias=True, mode="json", exclude_none=True)
 
 
 def definition_tokens(tools: list[types.Tool]) -> int:

@@ -151,12 +151,6 @@ class SearchIndex:
             rows = self.db.execute(sql, (match_expression(terms), *params, limit)).fetchall()
         return [Hit(key, score) for key, score in rows]
 
-    def count(self, where: str = "", params: Sequence[object] = ()) -> int:
-        with self.lock:
-            return self.db.execute(
-                f"SELECT count(*) FROM {self.table}" + (f" WHERE {where}" if where else ""), params
-            ).fetchone()[0]
-
     def close(self) -> None:
         with self.lock:
             self.db.close()

@@ -176,11 +176,6 @@ class GatewaySettings(BaseModel):
         """Where oversized results are written (`clean` empties it)."""
         return self.workspace / "responses"
 
-    @property
-    def effective_window(self) -> int:
-        """The window when nothing is discovered: the setting, else 2 x budget."""
-        return self.context_window or 2 * (self.budget or 4000)
-
 
 class LLMSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")

@@ -100,9 +100,3 @@ class JsonlLog:
             if isinstance(record, dict):
                 records.append(record)
         return records, end
-
-    def size(self) -> int:
-        try:
-            return self.path.stat().st_size
-        except FileNotFoundError:
-            return 0

@@ -10,7 +10,6 @@ import heapq
 import itertools
 import json
 import logging
-import os
 import re
 import threading
 from collections import OrderedDict
@@ -155,11 +154,6 @@ def warm_outline(path: Path) -> None:
             log.debug("background outline of %s failed: %s", path.name, exc)
 
     threading.Thread(target=run, name=f"outline:{path.name}", daemon=True).start()
-
-
-def cached_outline(path: Path) -> dict[str, Any] | None:
-    with _OUTLINE_LOCK:
-        return _OUTLINES.get(_key(path))
 
 
 def _outline_small(path: Path) -> dict[str, Any]:
@@ -581,7 +575,3 @@ def _select(value: Any, wanted: set[str]) -> Any:
             return picked
         return {k: _select(v, wanted) for k, v in value.items() if isinstance(v, (dict, list))}
     return value
-
-
-def file_size(path: Path) -> int:
-    return os.path.getsize(path)
