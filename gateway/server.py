@@ -233,8 +233,9 @@ class Gateway:
     def visible_tools(self) -> list[types.Tool]:
         """What the host is shown: the gateway's own tools, the catalog meta-tools when any upstream is
         behind the catalog, then the upstream tools listed directly."""
-        meta = [spec.tool for spec in self.meta_tools.values()] if self.tool_catalog.active() else []
-        return [spec.tool for spec in self.own_tools.values()] + meta + self.tool_catalog.direct_tools()
+        behind_catalog, direct = self.tool_catalog.listing()
+        meta = [spec.tool for spec in self.meta_tools.values()] if behind_catalog else []
+        return [spec.tool for spec in self.own_tools.values()] + meta + direct
 
     async def listed_tools(self, session_id: str) -> list[types.Tool]:
         return await self.pipeline.on_tools_listed(self.visible_tools(), session_id)

@@ -69,18 +69,15 @@ class ToolCatalog:
             f"auto: upstream definitions take ~{cost} tokens, within 1/4 of the {self._window()}-token window",
         )
 
-    def direct_tools(self) -> list[types.Tool]:
+    def listing(self) -> tuple[bool, list[types.Tool]]:
+        """(whether any upstream is behind the catalog, the upstream tools listed directly), from one
+        decision: in auto mode deciding estimates every definition, so it is done once per listing."""
         mode, _ = self.decide()
-        return [
-            t
-            for name, t in self.catalog.tools.items()
-            if self._server_mode(self.catalog.tool_routes[name].server, mode) == "direct"
+        modes = {server: self._server_mode(server, mode) for server in self.catalog.upstreams}
+        direct = [
+            t for name, t in self.catalog.tools.items() if modes[self.catalog.tool_routes[name].server] == "direct"
         ]
-
-    def active(self) -> bool:
-        """Whether any upstream tool is behind the catalog (then the meta-tools are listed)."""
-        mode, _ = self.decide()
-        return any(self._server_mode(s, mode) == "catalog" for s in self.catalog.upstreams)
+        return "catalog" in modes.values(), direct
 
     # -- the index ---------------------------------------------------------------------------------
 
