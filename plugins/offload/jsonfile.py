@@ -13,6 +13,8 @@ import logging
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,7 @@ from plugins.offload.paths import (
     step_into,
     type_name,
 )
+from plugins.offload.store import file_version
 
 log = logging.getLogger("plugins.offload")
 SMALL_FILE = 4 * 1024 * 1024  # parsed whole and cached; larger files are streamed
@@ -54,11 +57,6 @@ class BrokenJSON(Exception):
     pass
 
 
-def _key(path: Path) -> tuple[str, int, int]:
-    st = path.stat()
-    return (str(path), st.st_size, st.st_mtime_ns)
-
-
 class _ParsedCache:
     """A few small parsed files, bounded by their total file size."""
 
@@ -67,7 +65,7 @@ class _ParsedCache:
         self._lock = threading.Lock()
 
     def get(self, path: Path) -> Any:
-        key = _key(path)
+        key = file_version(path)
         with self._lock:
             if key in self._items:
                 self._items.move_to_end(key)
@@ -93,6 +91,14 @@ _OUTLINE_LOCK = threading.Lock()
 
 def is_small(path: Path) -> bool:
     return path.stat().st_size <= SMALL_FILE
+
+
+@contextmanager
+def _valid_json() -> Iterator[None]:
+    try:
+        yield
+    except ijson.JSONError as exc:
+        raise BrokenJSON(f"the file is not valid JSON ({exc})") from None
 
 
 def _events(path: Path) -> Any:
@@ -122,7 +128,7 @@ _PENDING: dict[tuple[str, int, int], threading.Event] = {}
 def outline(path: Path) -> dict[str, Any]:
     """Type, keys, item counts and value types to depth 3, plus sample items. Cached per file version;
     a caller that arrives while another computes it waits for that result instead of parsing again."""
-    key = _key(path)
+    key = file_version(path)
     while True:
         with _OUTLINE_LOCK:
             if key in _OUTLINES:
@@ -309,18 +315,15 @@ _WINDOWS: OrderedDict[tuple[tuple[str, int, int], str], tuple[int, list[Any]]] =
 def _item(path: Path, prefix: str, index: int) -> Any:
     """Item `index` of the array at `prefix`. Streaming to it also keeps a window of its neighbours, so
     paging with next_path/prev_path costs one pass, not one per step."""
-    key = (_key(path), prefix)
+    key = (file_version(path), prefix)
     with _OUTLINE_LOCK:
         window = _WINDOWS.get(key)
         if window is not None and window[0] <= index < window[0] + len(window[1]):
             _WINDOWS.move_to_end(key)
             return window[1][index - window[0]]
     start = max(0, index - WINDOW_BEFORE)
-    with open(path, "rb") as fh:
-        try:
-            items = list(itertools.islice(ijson.items(fh, prefix, use_float=True), start, index + WINDOW_AFTER))
-        except ijson.JSONError as exc:
-            raise BrokenJSON(f"the file is not valid JSON ({exc})") from None
+    with open(path, "rb") as fh, _valid_json():
+        items = list(itertools.islice(ijson.items(fh, prefix, use_float=True), start, index + WINDOW_AFTER))
     with _OUTLINE_LOCK:
         _WINDOWS[key] = (start, items)
         while len(_WINDOWS) > 16:
@@ -335,11 +338,8 @@ def _stream_value(path: Path, keys: list[str]) -> Any:
             f"the whole file is {info['size']} bytes; give a json_path below the root, e.g. "
             + ", ".join(repr(k) for k in (info.get("keys") or ["0"])[:3])
         )
-    with open(path, "rb") as fh:
-        try:
-            found = next(ijson.items(fh, ijson_prefix(keys), use_float=True), _MISSING)
-        except ijson.JSONError as exc:
-            raise BrokenJSON(f"the file is not valid JSON ({exc})") from None
+    with open(path, "rb") as fh, _valid_json():
+        found = next(ijson.items(fh, ijson_prefix(keys), use_float=True), _MISSING)
     if found is _MISSING:
         parent = keys[:-1]
         known = (outline(path)["structure"].get(format_path(parent) if parent else "$") or {}).get("keys")

@@ -32,6 +32,12 @@ MIME_EXT = {
 }
 
 
+def file_version(path: Path) -> tuple[str, int, int]:
+    """A cache key that changes when the file does (path, size, mtime)."""
+    st = path.stat()
+    return (str(path), st.st_size, st.st_mtime_ns)
+
+
 class StoreError(Exception):
     """A path or id the model gave that does not resolve; the message says what exists."""
 

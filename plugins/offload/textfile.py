@@ -11,6 +11,8 @@ from collections import Counter, OrderedDict
 from pathlib import Path
 from typing import Any
 
+from plugins.offload.store import file_version
+
 HEAD_LINES = 8
 TAIL_LINES = 4
 LINE_PREVIEW = 200
@@ -37,8 +39,7 @@ def shape(line: str) -> str:
 
 def line_index(path: Path) -> array:
     """Byte offset of every line start (cached per file version): line ranges seek instead of scanning."""
-    st = path.stat()
-    key = (str(path), st.st_size, st.st_mtime_ns)
+    key = file_version(path)
     with _LOCK:
         if key in _INDEX:
             _INDEX.move_to_end(key)
