@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import call, inproc_session, pct, table  # noqa: E402
 from fleet import fleet  # noqa: E402
 
-from gateway.catalog import definition_tokens  # noqa: E402
+from gateway.services.costs import definition_tokens  # noqa: E402
 from gateway.settings import to_toml  # noqa: E402
 
 QUERIES = [

@@ -13,7 +13,7 @@ from typing import Any
 import mcp_types as types
 from mcp import ClientSession
 
-from gateway.stdio_transport import linear_stdio_client
+from gateway.proxy.upstream_stdio import linear_stdio_client
 
 
 @asynccontextmanager
@@ -34,7 +34,7 @@ async def inproc_session(config: Path) -> AsyncIterator[ClientSession]:
     import anyio
     from mcp.shared.memory import create_client_server_memory_streams
 
-    from gateway.server import Gateway
+    from gateway.proxy.server import Gateway
     from gateway.settings import load_settings
 
     gateway = Gateway(load_settings(config, environ={}))
@@ -55,7 +55,7 @@ async def call(session: ClientSession, name: str, args: dict[str, Any]) -> types
 
 def write_config(path: Path, workspace: Path, plugins: list[str], **server: Any) -> Path:
     lines = ["[gateway]", f"workspace = {json.dumps(str(workspace))}", f"plugins = {json.dumps(plugins)}", ""]
-    lines += ["[servers.demo]", 'command = "${PYTHON}"', 'args = ["-m", "gateway.demo_upstream"]']
+    lines += ["[servers.demo]", 'command = "${PYTHON}"', 'args = ["-m", "gateway.cli.demo_upstream"]']
     lines += [f"{k} = {json.dumps(v)}" for k, v in server.items()]
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -52,7 +52,7 @@ async def main(mb: int) -> None:
     rows = [["measure", "gateway", "alternative", "ratio", "target"]]
 
     t = time.perf_counter()
-    async with stdio_session(["-m", "gateway.demo_upstream"], tmp / "direct.log") as direct:
+    async with stdio_session(["-m", "gateway.cli.demo_upstream"], tmp / "direct.log") as direct:
         result = await call(direct, "list_orders", {"count": count})
     direct_s = time.perf_counter() - t
     size = len(result.content[0].text.encode())
@@ -84,7 +84,7 @@ async def main(mb: int) -> None:
         first_outline_s = time.perf_counter() - t
         assert not outline.is_error, outline
         # cold: the same streaming outline in a fresh process (no cache, nothing started in the background)
-        code = "import sys; from pathlib import Path; from plugins.offload import jsonfile; jsonfile.outline(Path(sys.argv[1]))"
+        code = "import sys; from pathlib import Path; from plugins.offload import json_outline; json_outline.outline(Path(sys.argv[1]))"
         t = time.perf_counter()
         subprocess.run([sys.executable, "-c", code, str(path)], check=True)
         outline_s = time.perf_counter() - t

@@ -32,7 +32,7 @@ async def timed_calls(session, name: str, n: int) -> list[float]:
 async def main(n: int) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="ctx-bench-"))
     rows = [["path", "calls", "p50 ms", "p95 ms", "p50 ratio"]]
-    async with stdio_session(["-m", "gateway.demo_upstream"], tmp / "direct.log") as direct:
+    async with stdio_session(["-m", "gateway.cli.demo_upstream"], tmp / "direct.log") as direct:
         base = await timed_calls(direct, "echo", n)
     rows.append(["direct (no gateway)", str(n), f"{pct(base, 0.5):.3f}", f"{pct(base, 0.95):.3f}", "1.00x"])
     for label, plugins in (("gateway, no plugins", []), ("gateway, default plugins", None)):

@@ -18,7 +18,7 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import call, table
 
-from gateway.stdio_transport import linear_stdio_client
+from gateway.proxy.upstream_stdio import linear_stdio_client
 
 ORDERS_PER_MB = 5000 / 1.377
 
@@ -40,10 +40,10 @@ async def main(sizes: list[int]) -> None:
         count = int(mb * ORDERS_PER_MB)
         with open(log, "ab") as errlog:
             ours = await timed(
-                linear_stdio_client(sys.executable, ["-m", "gateway.demo_upstream"], None, None, errlog), count
+                linear_stdio_client(sys.executable, ["-m", "gateway.cli.demo_upstream"], None, None, errlog), count
             )
         with open(log, "a") as errlog:
-            params = StdioServerParameters(command=sys.executable, args=["-m", "gateway.demo_upstream"])
+            params = StdioServerParameters(command=sys.executable, args=["-m", "gateway.cli.demo_upstream"])
             sdk = await timed(stdio_client(params, errlog=errlog), count)
         rows.append([f"{mb} MB", f"{ours:.2f} s", f"{sdk:.2f} s", f"{sdk / ours:.1f}x slower"])
     print(table(rows))

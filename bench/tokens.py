@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import token_corpus  # noqa: E402
 from common import table  # noqa: E402
 
-from gateway.tokens import estimate_tokens  # noqa: E402
+from gateway.services.tokens import estimate_tokens  # noqa: E402
 
 
 def main() -> None:

@@ -6,6 +6,7 @@ Precedence: command line > environment > file > defaults.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import sys
@@ -16,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+log = logging.getLogger("gateway.settings")
 SERVER_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]|_(?!_))*$")
 MIN_RESPONSE_SIZE = 256
 MAX_RESPONSE_SIZE = 10 * 1024 * 1024
@@ -128,10 +130,9 @@ class GatewaySettings(BaseModel):
     context_window: int = 0
     max_response_size: int = 1048576
     max_response_tokens: int = 0
-    response_ttl_hours: float = 48
-    ingest_roots: list[Path] = Field(default_factory=list)
     separator: str = "__"
-    plugins: list[str] = Field(default_factory=lambda: ["offload", "memory", "documents", "monitor"])
+    plugins: list[str] | None = None  # None = every installed plugin; a list = exactly these, in this order
+    disabled_plugins: list[str] = Field(default_factory=list)
     tool_mode: Literal["direct", "catalog", "auto"] = "direct"
     transport: Literal["stdio", "http"] = "stdio"
     host: str = "127.0.0.1"
@@ -143,12 +144,12 @@ class GatewaySettings(BaseModel):
     def _expand_workspace(cls, value: Any) -> Any:
         return Path(os.path.expanduser(expand_vars(str(value)))) if value else default_workspace()
 
-    @field_validator("ingest_roots", mode="before")
+    @field_validator("plugins", "disabled_plugins", mode="before")
     @classmethod
-    def _split_roots(cls, value: Any) -> Any:
-        if isinstance(value, str):  # CTX_INGEST_ROOTS="a:b" (os.pathsep) or a JSON list
-            value = json.loads(value) if value.startswith("[") else [v for v in value.split(os.pathsep) if v]
-        return [Path(os.path.expanduser(str(v))) for v in value]
+    def _split_names(cls, value: Any) -> Any:
+        if isinstance(value, str):  # CTX_PLUGINS="offload,monitor" or a JSON list
+            value = json.loads(value) if value.startswith("[") else [p.strip() for p in value.split(",") if p.strip()]
+        return value
 
     @field_validator("max_response_size")
     @classmethod
@@ -185,11 +186,20 @@ class LLMSettings(BaseModel):
     timeout_seconds: float = 120
 
 
-# Flat environment/CLI names -> (section, key). `CTX_BUDGET` and `--budget` set gateway.budget.
-FLAT_KEYS: dict[str, tuple[str, str]] = {k: ("gateway", k) for k in GatewaySettings.model_fields} | {
+# Flat environment/CLI names -> where they go. `CTX_BUDGET` and `--budget` set gateway.budget.
+FLAT_KEYS: dict[str, tuple[str, ...]] = {k: ("gateway", k) for k in GatewaySettings.model_fields} | {
     f"llm_{k}": ("llm", k) for k in LLMSettings.model_fields
 }
-FLAT_KEYS["ingest_root"] = ("gateway", "ingest_roots")
+# Plugin keys the design card gives flat names (`--ingest-root DIR`, `CTX_INGEST_ROOTS`): each plugin's
+# table validates them; here they only have a flat spelling and a command-line type.
+PLUGIN_FLAT_KEYS: dict[str, tuple[tuple[str, ...], type]] = {
+    "ingest_roots": (("plugins", "documents", "ingest_roots"), list),
+    "ingest_root": (("plugins", "documents", "ingest_roots"), list),
+    "response_ttl_hours": (("plugins", "offload", "response_ttl_hours"), float),
+}
+FLAT_KEYS |= {flat: where for flat, (where, _) in PLUGIN_FLAT_KEYS.items()}
+# `[gateway]` keys that moved to a plugin's table: still read, with one deprecation line.
+MOVED_KEYS = {"ingest_roots": ("documents", "ingest_roots"), "response_ttl_hours": ("offload", "response_ttl_hours")}
 
 
 class Settings(BaseSettings):
@@ -199,6 +209,7 @@ class Settings(BaseSettings):
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     llm: LLMSettings = Field(default_factory=LLMSettings)
     servers: dict[str, ServerConfig] = Field(default_factory=dict)
+    plugins: dict[str, dict[str, Any]] = Field(default_factory=dict)  # `[plugins.<name>]`, validated by each plugin
     config_path: Path | None = None
 
     @classmethod
@@ -221,11 +232,6 @@ class Settings(BaseSettings):
     @property
     def enabled_servers(self) -> dict[str, ServerConfig]:
         return {n: s for n, s in self.servers.items() if s.enabled}
-
-    def limit_for(self, server: str | None, key: Literal["max_response_size", "max_response_tokens"]) -> int:
-        cfg = self.servers.get(server) if server else None
-        value = getattr(cfg, key, None) if cfg else None
-        return value if value is not None else getattr(self.gateway, key)
 
 
 def read_config_file(path: Path) -> dict[str, Any]:
@@ -271,15 +277,44 @@ def servers_from_mcp_json(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return servers
 
 
-def _env_overrides(environ: dict[str, str]) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
-    for flat, (section, key) in FLAT_KEYS.items():
+def _set(data: dict[str, Any], where: tuple[str, ...], value: Any) -> None:
+    for key in where[:-1]:
+        data = data.setdefault(key, {})
+    data[where[-1]] = value
+
+
+def _get(data: dict[str, Any], where: tuple[str, ...]) -> Any:
+    for key in where:
+        if not isinstance(data, dict) or key not in data:
+            return None
+        data = data[key]
+    return data
+
+
+def _env_overrides(environ: dict[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for flat, where in FLAT_KEYS.items():
         value = environ.get(f"CTX_{flat.upper()}")
-        if value is not None:
-            if key == "plugins":
-                value = json.loads(value) if value.startswith("[") else [p for p in value.split(",") if p.strip()]
-            out.setdefault(section, {})[key] = value
+        if value is not None and flat != "ingest_root":
+            _set(out, where, value)
     return out
+
+
+def _move_deprecated(data: dict[str, Any], path: Path | None) -> dict[str, Any]:
+    """`[gateway] ingest_roots` / `response_ttl_hours` (before plugins owned their settings) still work."""
+    section = data.get("gateway")
+    if not isinstance(section, dict):
+        return data
+    for key, (plugin, new_key) in MOVED_KEYS.items():
+        if key in section:
+            log.warning(
+                "%s: [gateway] %s is deprecated; move it to [plugins.%s] %s", path or "settings", key, plugin, new_key
+            )
+            table = data.setdefault("plugins", {}).setdefault(plugin, {})
+            value = section.pop(key)
+            if isinstance(table, dict):
+                table.setdefault(new_key, value)
+    return data
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -303,16 +338,16 @@ def load_settings(
     path: Path | None = None
     if config:
         path = Path(os.path.expanduser(str(config))).resolve()
-        data = read_config_file(path)
+        data = _move_deprecated(read_config_file(path), path)
     data = _merge(data, _env_overrides(environ))
-    cli: dict[str, dict[str, Any]] = {}
+    cli: dict[str, Any] = {}
     for flat, value in (overrides or {}).items():
         if value is None:
             continue
-        section, key = FLAT_KEYS[flat]
-        if key == "ingest_roots" and section == "gateway":
-            value = list(cli.get("gateway", {}).get("ingest_roots", [])) + list(value)
-        cli.setdefault(section, {})[key] = value
+        where = FLAT_KEYS[flat]
+        if flat in ("ingest_root", "ingest_roots"):  # repeatable: the flags add up
+            value = list(_get(cli, where) or []) + list(value)
+        _set(cli, where, value)
     data = _merge(data, cli)
     data["config_path"] = path
     try:

@@ -17,7 +17,7 @@ import pytest
 from mcp import ClientSession
 from mcp.shared.memory import create_client_server_memory_streams
 
-from gateway.server import Gateway
+from gateway.proxy.server import Gateway
 from gateway.settings import Settings, load_settings, to_toml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,19 +58,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def write_config(tmp_path: Path, servers: dict[str, dict[str, Any]], **gateway: Any) -> Path:
+def write_config(
+    tmp_path: Path,
+    servers: dict[str, dict[str, Any]],
+    plugin_settings: dict[str, dict[str, Any]] | None = None,
+    **gateway: Any,
+) -> Path:
+    """A gateway TOML: `[gateway]` keys, `[plugins.<name>]` tables and `[servers.*]`."""
     gateway.setdefault("workspace", str(tmp_path / "ws"))
     gateway.setdefault("plugins", [])
     llm = gateway.pop("llm", {"base_url": "http://127.0.0.1:9/v1"})  # nothing listens: no calibration
-    lines = ["[gateway]"] + [f"{k} = {json.dumps(v)}" for k, v in gateway.items()] + [""]
+    lines = ["[gateway]"] + [f"{k} = {json.dumps(v)}" for k, v in gateway.items() if v is not None] + [""]
     lines += ["[llm]"] + [f"{k} = {json.dumps(v)}" for k, v in llm.items()] + [""]
+    for name, table in (plugin_settings or {}).items():
+        lines += [f"[plugins.{name}]"] + [f"{k} = {json.dumps(v)}" for k, v in table.items()] + [""]
     path = tmp_path / "gateway.toml"
     path.write_text("\n".join(lines) + to_toml(servers), encoding="utf-8")
     return path
 
 
-def make_settings(tmp_path: Path, servers: dict[str, dict[str, Any]], **gateway: Any) -> Settings:
-    return load_settings(write_config(tmp_path, servers, **gateway), environ={})
+def make_settings(
+    tmp_path: Path,
+    servers: dict[str, dict[str, Any]],
+    plugin_settings: dict[str, dict[str, Any]] | None = None,
+    **gateway: Any,
+) -> Settings:
+    return load_settings(write_config(tmp_path, servers, plugin_settings, **gateway), environ={})
 
 
 class Notes:
@@ -92,13 +105,23 @@ async def inproc(
 ) -> AsyncIterator[tuple[Gateway, ClientSession]]:
     """The gateway's front server in this process, over memory streams; upstreams are real processes."""
     gateway = Gateway(settings, plugins=plugins)
-    async with gateway.running(), create_client_server_memory_streams() as (client_streams, server_streams):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(gateway.server.run, *server_streams, gateway.server.create_initialization_options())
-            async with ClientSession(*client_streams, message_handler=notes) as session:
-                await session.initialize()
-                yield gateway, session
-            tg.cancel_scope.cancel()
+    try:
+        async with gateway.running(), create_client_server_memory_streams() as (client_streams, server_streams):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(gateway.server.run, *server_streams, gateway.server.create_initialization_options())
+                async with ClientSession(*client_streams, message_handler=notes) as session:
+                    await session.initialize()
+                    yield gateway, session
+                tg.cancel_scope.cancel()
+    finally:
+        gateway.llm.tokens.reset()  # a calibration against a test endpoint must not outlive the test
+
+
+async def eventually(predicate: Any, seconds: float = 10, what: str = "") -> None:
+    """Poll `predicate()` until it is true, failing after `seconds` (never a fixed sleep)."""
+    with anyio.fail_after(seconds):
+        while not predicate():
+            await anyio.sleep(0.02)
 
 
 def gateway_env(**extra: str) -> dict[str, str]:

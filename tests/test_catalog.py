@@ -42,7 +42,7 @@ async def test_catalog_mode_with_a_real_fleet(tmp_path: Path) -> None:
     servers = fleet(tmp_path)
     async with inproc(make_settings(tmp_path, servers, plugins=ALL_PLUGINS)) as (gateway, direct):
         direct_tools = (await direct.list_tools()).tools
-        assert len(gateway.catalog.tools) >= 40, sorted(gateway.catalog.tools)
+        assert len(gateway.routing.tools) >= 40, sorted(gateway.routing.tools)
         direct_cost = cl100k_definitions(direct_tools)
         expected = {
             "convert": json.loads(
@@ -135,7 +135,7 @@ async def test_auto_mode_decides_by_the_window(tmp_path: Path) -> None:
     async with inproc(make_settings(tmp_path, servers, plugins=[], tool_mode="auto", context_window=8000)) as (g, s):
         names = {t.name for t in (await s.list_tools()).tools}
         assert names == {"tool_search", "tool_schema", "tool_call"}
-        assert g.tool_catalog.decide()[0] == "catalog"
+        assert g.catalog_mode.decide()[0] == "catalog"
     async with inproc(make_settings(tmp_path, servers, plugins=[], tool_mode="auto", context_window=1_000_000)) as (
         g,
         s,

@@ -26,7 +26,7 @@ def docs_settings(tmp_path: Path, roots: list[Path] | None = None, plugins: list
         tmp_path,
         kw.pop("servers", {}),
         plugins=plugins or ["documents"],
-        ingest_roots=[str(r) for r in (roots or [])],
+        plugin_settings={"documents": {"ingest_roots": [str(r) for r in (roots or [])]}},
         budget=4000,
         **kw,
     )
@@ -92,7 +92,7 @@ def test_fence_integrity_on_real_markdown_documentation() -> None:
         documents += 1
         chunks = [c.text for c in chunk_document(body, "markdown")]
         for block in blocks:
-            from gateway.tokens import estimate_tokens
+            from gateway.services.tokens import estimate_tokens
 
             if estimate_tokens(block) < CHUNK_TOKENS * 0.9:
                 fitting += 1

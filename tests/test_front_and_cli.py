@@ -7,15 +7,14 @@ import subprocess
 from contextlib import contextmanager
 from pathlib import Path
 
-import anyio
 import httpx2
 import mcp_types as types
 import pytest
-from conftest import PY, free_port, gateway_env, probe, run_cli, text_of, wait_listening, write_config
+from conftest import PY, eventually, free_port, gateway_env, probe, run_cli, text_of, wait_listening, write_config
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
-from gateway.stdio_transport import linear_stdio_client
+from gateway.proxy.upstream_stdio import linear_stdio_client
 
 pytestmark = pytest.mark.anyio
 
@@ -64,7 +63,7 @@ async def test_http_front_serves_tools_and_progress(tmp_path: Path) -> None:
                 progress_callback=on_progress,
             )
             assert text_of(result) == "done after 3 steps"
-            await anyio.sleep(0.2)
+            await eventually(lambda: len(seen) == 3)
             assert seen == [1, 2, 3]
 
 
@@ -177,7 +176,7 @@ def test_settings_precedence_cli_over_env_over_file(tmp_path: Path) -> None:
     assert load_settings(cfg, environ={}).gateway.budget == 1000
     assert load_settings(cfg, environ={"CTX_BUDGET": "2000"}).gateway.budget == 2000
     assert load_settings(cfg, {"budget": 3000}, environ={"CTX_BUDGET": "2000"}).gateway.budget == 3000
-    roots = load_settings(cfg, {"ingest_root": ["/a", "/b"]}, environ={}).gateway.ingest_roots
+    roots = load_settings(cfg, {"ingest_root": ["/a", "/b"]}, environ={}).plugins["documents"]["ingest_roots"]
     assert [str(r) for r in roots] == ["/a", "/b"]
     assert load_settings(cfg, environ={"CTX_LLM_MODEL": "qwen"}).llm.model == "qwen"
 

@@ -8,11 +8,10 @@ import subprocess
 import time
 from pathlib import Path
 
-import anyio
 import mcp_types as types
 import pytest
 import token_corpus
-from conftest import PY, call, gateway_env, inproc, make_settings, probe, run_cli, text_of, write_config
+from conftest import PY, call, eventually, gateway_env, inproc, make_settings, probe, run_cli, text_of, write_config
 
 pytestmark = pytest.mark.anyio
 IMPERATIVE = ("STOP", "MUST", "IMMEDIATELY", "NOW!")
@@ -82,8 +81,8 @@ async def test_fresh_host_figure_replaces_the_ledger(tmp_path: Path, monkeypatch
         (tmp_path / "claude-ctx-sess-1.json").write_text(
             json.dumps({"remaining_percentage": 20, "timestamp": time.time() - 120})
         )
-        await anyio.sleep(1.1)  # the bridge is looked up at most once a second
-        assert gateway.pipeline.status("stdio")["monitor"]["source"].startswith("gateway estimate")
+        # the bridge is looked up at most once a second: the stale figure is dropped at the next look
+        await eventually(lambda: gateway.pipeline.status("stdio")["monitor"]["source"].startswith("gateway estimate"))
 
 
 def run_hook(stdin: str | bytes, tmp_path: Path, *args: str) -> tuple[int, str, float]:
@@ -162,7 +161,7 @@ def test_hook_is_silent_on_bad_or_stale_input(tmp_path: Path, stdin: bytes) -> N
 
 def test_gateway_tool_definitions_fit_in_2000_tokens(tmp_path: Path) -> None:
     """All of the gateway's own tools together, as a host receives them, measured with cl100k."""
-    from gateway.server import Gateway
+    from gateway.proxy.server import Gateway
 
     settings = make_settings(tmp_path, {}, plugins=["offload", "memory", "documents", "monitor"])
     gateway = Gateway(settings)

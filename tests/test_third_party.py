@@ -8,7 +8,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from conftest import call, free_port, inproc, make_settings, text_of, wait_listening
+from conftest import call, eventually, free_port, inproc, make_settings, text_of, wait_listening
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from npm_servers import LOOPBACK_PRELOAD, npm_bin
 
@@ -43,7 +43,7 @@ async def test_everything_over_stdio_matches_direct(tmp_path: Path) -> None:
             progress_callback=on_progress,
         )
         assert not long.is_error, text_of(long)
-        await anyio.sleep(0.3)
+        await eventually(lambda: len(progress) == 4)
         assert len(progress) == 4 and progress == sorted(progress)
         resources = (await session.list_resources()).resources
         assert resources and all(r.uri.startswith("everything+") for r in resources)

@@ -14,19 +14,20 @@ import pytest
 import token_corpus
 from conftest import inproc, make_settings, probe
 
-from gateway import tokens
-from gateway.llm import MARGIN, SAMPLES, LLMClient, LLMUnavailable, split_by_tokens
+from gateway.services import tokens
+from gateway.services.model_endpoint import MARGIN, SAMPLES, LLMUnavailable, ModelEndpoint, split_by_tokens
+from gateway.services.tokens import TokenEstimator
 from gateway.settings import LLMSettings
 
 sys.path.insert(0, str(Path(__file__).parent / "servers"))
 from fake_llm import FakeLLM
 
+BUILT_IN = TokenEstimator()  # the built-in rates, whatever a gateway in another test calibrated
 
-@pytest.fixture(autouse=True)
-def _builtin_scales():
-    tokens.reset_scales()
-    yield
-    tokens.reset_scales()
+
+def endpoint(settings: LLMSettings, workspace: Path) -> ModelEndpoint:
+    """A model endpoint client with an estimator of its own: calibration stays inside the test."""
+    return ModelEndpoint(settings, workspace, TokenEstimator())
 
 
 @pytest.fixture
@@ -45,7 +46,7 @@ def test_estimate_never_undercounts_and_stays_close(kind: str) -> None:
     ratios = []
     for window in windows:
         counts = {name: len(tok.encode(window)) for name, tok in toks.items()}
-        estimate = tokens.estimate_tokens(window)
+        estimate = BUILT_IN.estimate(window)
         for name, count in counts.items():
             under[name] += estimate < count
         ratios.append(estimate / max(counts.values()))
@@ -55,8 +56,8 @@ def test_estimate_never_undercounts_and_stays_close(kind: str) -> None:
 
 
 def test_estimate_handles_edge_content() -> None:
-    assert tokens.estimate_tokens("") == 0
-    assert tokens.estimate_tokens("a") >= 1
+    assert BUILT_IN.estimate("") == 0
+    assert BUILT_IN.estimate("a") >= 1
     toks = token_corpus.tokenizers()
     degenerate = [
         "word " * 300,
@@ -70,12 +71,12 @@ def test_estimate_handles_edge_content() -> None:
         "    " * 300,
     ]
     for text in degenerate:
-        assert tokens.estimate_tokens(text) >= max(len(t.encode(text)) for t in toks.values()), text[:20]
+        assert BUILT_IN.estimate(text) >= max(len(t.encode(text)) for t in toks.values()), text[:20]
     # a large text is estimated from samples, still leaning high
     big = "".join(token_corpus.json_minified(60)) * 8
     assert len(big) > tokens.SAMPLE_ABOVE
     exact = len(toks["qwen3.6"].encode(big))
-    assert exact <= tokens.estimate_tokens(big) <= exact * 1.4
+    assert exact <= BUILT_IN.estimate(big) <= exact * 1.4
 
 
 def test_classify_kinds() -> None:
@@ -84,8 +85,8 @@ def test_classify_kinds() -> None:
     assert tokens.classify(token_corpus.english(5)[0]) == "prose"
 
 
-async def _calibrated(fake: FakeLLM, tmp_path: Path) -> LLMClient:
-    client = LLMClient(LLMSettings(base_url=fake.url, timeout_seconds=10), tmp_path)
+async def _calibrated(fake: FakeLLM, tmp_path: Path) -> ModelEndpoint:
+    client = endpoint(LLMSettings(base_url=fake.url, timeout_seconds=10), tmp_path)
     await client.start()
     return client
 
@@ -98,21 +99,21 @@ async def test_slope_calibration_recovers_the_endpoint_rate(fake_llm: FakeLLM, t
         assert client.model == "qwen-test"
         for kind, unit in SAMPLES.items():
             text = unit * 20
-            measured = tokens.scales()[kind] / MARGIN[kind] * tokens.raw_estimate(text)
+            measured = client.tokens.scales()[kind] / MARGIN[kind] * tokens.raw_estimate(text)
             assert abs(measured / fake_llm.count(text) - 1) <= 0.05, kind
         # calibrated counts still lean high (the margin) on real text, and Korean drops from the
         # built-in (cl100k-safe) rate to near Qwen's real rate
         for kind in ("korean", "english", "python", "json-min"):
-            ratios = [tokens.estimate_tokens(w) / fake_llm.count(w) for w in token_corpus.KINDS[kind](60)]
+            ratios = [client.tokens.estimate(w) / fake_llm.count(w) for w in token_corpus.KINDS[kind](60)]
             assert min(ratios) >= 1.0 and statistics.median(ratios) < 1.3, kind
         # discovery read LM Studio's loaded context length; the cache is written for next time
         assert client.window == 16384 and "LM Studio" in client.window_source
         assert (tmp_path / "calibration.json").is_file()
     finally:
         await client.aclose()
-    tokens.reset_scales()
-    again = LLMClient(LLMSettings(base_url=fake_llm.url, model="qwen-test"), tmp_path)
-    assert again.load_cached_calibration() and tokens.scales() == client.calibration["scales"]
+    again = endpoint(LLMSettings(base_url=fake_llm.url, model="qwen-test"), tmp_path)
+    assert again.tokens.scales() == dict.fromkeys(tokens.KINDS, 1.0)
+    assert again.load_cached_calibration() and again.tokens.scales() == client.calibration["scales"]
 
 
 @pytest.mark.anyio
@@ -139,7 +140,7 @@ async def test_absurd_slope_is_rejected(fake_llm: FakeLLM, tmp_path: Path) -> No
     client = await _calibrated(fake_llm, tmp_path)
     await client.aclose()
     assert client.calibration is None
-    assert tokens.scales() == dict.fromkeys(tokens.KINDS, 1.0)
+    assert client.tokens.scales() == dict.fromkeys(tokens.KINDS, 1.0)
 
 
 @pytest.mark.anyio
@@ -163,7 +164,7 @@ async def test_dead_endpoint_backs_off(tmp_path: Path) -> None:
     thread = threading.Thread(target=accept, daemon=True)
     thread.start()
     port = listener.getsockname()[1]
-    client = LLMClient(LLMSettings(base_url=f"http://127.0.0.1:{port}/v1", model="m", timeout_seconds=1), tmp_path)
+    client = endpoint(LLMSettings(base_url=f"http://127.0.0.1:{port}/v1", model="m", timeout_seconds=1), tmp_path)
     try:
         started = time.monotonic()
         with pytest.raises(LLMUnavailable):
@@ -187,7 +188,7 @@ async def test_dead_endpoint_backs_off(tmp_path: Path) -> None:
 
 @pytest.mark.anyio
 async def test_long_summaries_are_map_reduced(fake_llm: FakeLLM, tmp_path: Path) -> None:
-    client = LLMClient(LLMSettings(base_url=fake_llm.url, model="qwen-test"), tmp_path)
+    client = endpoint(LLMSettings(base_url=fake_llm.url, model="qwen-test"), tmp_path)
     text = "\n".join(f"note {i}: deploy step {i} touched service-{i % 7} and file src/mod_{i}.py" for i in range(3000))
     summary = await client.summarize(text, "Summarize.")
     await client.aclose()
@@ -207,5 +208,5 @@ async def test_gateway_calibrates_in_background_and_reports_it(fake_llm: FakeLLM
         with anyio.fail_after(20):
             while not gateway.llm.calibration:
                 await anyio.sleep(0.05)
-        assert gateway.context.window() == 16384 and gateway.context.budget() == 8192
-        assert gateway.context.max_response_tokens("p") == 4096
+        assert gateway.window.size() == 16384 and gateway.window.budget() == 8192
+        assert gateway.window.max_response_tokens("p") == 4096

@@ -19,12 +19,14 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gateway.args import Args, ToolInputError
-from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall, guarded, tool
-from gateway.search import SearchIndex
+from gateway.handlers import guarded, tool
+from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall
+from gateway.services.responses import ID_PATTERN, StoreError, saved_kind
+from gateway.services.search_index import SearchIndex
 from plugins.documents.chunker import chunk_document, kind_of
-from plugins.offload.store import ID_PATTERN, ResponseStore, StoreError
 
 log = logging.getLogger("plugins.documents")
 
@@ -49,7 +51,7 @@ def resolve_ingest_path(raw: str, roots: list[Path]) -> Path:
         raise IngestError(
             "doc_ingest reads files only below configured ingest roots, and none are configured. Pass the "
             "content as `text`, or start the gateway with --ingest-root /absolute/dir (or CTX_INGEST_ROOTS, "
-            "or ingest_roots = [...] under [gateway] in the config)."
+            "or ingest_roots = [...] under [plugins.documents] in the config)."
         )
     if "\x00" in raw:
         raise IngestError("file_path contains a NUL byte")
@@ -186,18 +188,33 @@ class DocumentStore:
         return [dict(zip(("doc_id", "title", "source", "chunks", "tokens"), r, strict=True)) for r in rows]
 
 
+class DocumentsSettings(BaseModel):
+    """`[plugins.documents]`"""
+
+    model_config = ConfigDict(extra="forbid")
+    ingest_roots: list[Path] = Field(default_factory=list)  # doc_ingest may read only below these
+
+    @field_validator("ingest_roots", mode="before")
+    @classmethod
+    def _split_roots(cls, value: Any) -> Any:
+        if isinstance(value, str):  # CTX_INGEST_ROOTS="a:b" (os.pathsep) or a JSON list
+            value = json.loads(value) if value.startswith("[") else [v for v in value.split(os.pathsep) if v]
+        return [Path(os.path.expanduser(str(v))) for v in value]
+
+
 class DocumentsPlugin(Plugin):
     name = "documents"
+    order = 300
+    settings_model = DocumentsSettings
 
     def __init__(self) -> None:
         self.ctx: GatewayContext | None = None
         self.store: DocumentStore | None = None
-        self.responses: ResponseStore | None = None
+        self.settings = DocumentsSettings()
 
     async def start(self, ctx: GatewayContext) -> None:
         self.ctx = ctx
         self.store = DocumentStore(ctx.workspace / "documents" / "index.sqlite")
-        self.responses = ResponseStore(ctx.settings.gateway.responses_dir)
 
     async def stop(self) -> None:
         if self.store is not None:
@@ -234,7 +251,7 @@ class DocumentsPlugin(Plugin):
 
     def _budget(self) -> int:
         assert self.ctx is not None
-        return self.ctx.budget()
+        return self.ctx.window.budget()
 
     def _store(self) -> DocumentStore:
         assert self.store is not None
@@ -258,7 +275,7 @@ class DocumentsPlugin(Plugin):
                 self._store().put, doc_id, name, "inline", text, kind_of(title or "", text)
             )
             return self._ingested(result)
-        roots = self.ctx.settings.gateway.ingest_roots
+        roots = self.settings.ingest_roots
         real = resolve_ingest_path(file_path, roots)
         if real.is_dir():
             return await self._ingest_dir(real, roots, call)
@@ -319,14 +336,14 @@ class DocumentsPlugin(Plugin):
         if found is not None:
             return found
         if ID_PATTERN.match(doc_id):
-            assert self.responses is not None
-            path = self.responses.resolve(doc_id)
-            if path.suffix == ".json":
+            assert self.ctx is not None
+            path = self.ctx.responses.resolve(doc_id)
+            if saved_kind(path) == "json":
                 if path.stat().st_size > MAX_JSON_AS_TEXT:
                     raise IngestError(f"{doc_id} is a large JSON result; use response_search / response_slice on it")
                 text = json.dumps(json.loads(path.read_text(encoding="utf-8")), indent=1, ensure_ascii=False)
                 kind = "code"
-            elif path.suffix in (".txt", ".md", ".csv"):
+            elif saved_kind(path) == "text":
                 text = read_text_file(path)
                 kind = kind_of(path.name, text)
             else:

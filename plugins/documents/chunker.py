@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from markdown_it import MarkdownIt
 
-from gateway.tokens import estimate_tokens
+from gateway.services.tokens import estimate_tokens
 
 CHUNK_TOKENS = 700
 CODE_SUFFIXES = {

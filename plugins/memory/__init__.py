@@ -16,8 +16,9 @@ import anyio.to_thread
 import mcp_types as types
 
 from gateway.args import Args
-from gateway.llm import LLMUnavailable
-from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall, guarded, tool
+from gateway.handlers import guarded, tool
+from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall
+from gateway.services.model_endpoint import LLMUnavailable
 from plugins.memory.guide import GUIDE
 from plugins.memory.sessions import RecallIndex, Session, SessionError, check_session_id
 from plugins.memory.summary import INSTRUCTION, fallback_summary, with_identifiers
@@ -34,6 +35,7 @@ SID = {"type": "string", "description": "your name for this memory, e.g. 'billin
 
 class MemoryPlugin(Plugin):
     name = "memory"
+    order = 200
 
     def __init__(self) -> None:
         self.ctx: GatewayContext | None = None
@@ -63,7 +65,7 @@ class MemoryPlugin(Plugin):
 
     def _budget(self) -> int:
         assert self.ctx is not None
-        return self.ctx.budget()
+        return self.ctx.window.budget()
 
     def _usage(self, session: Session) -> dict[str, Any]:
         used, budget = session.used_tokens(), self._budget()

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway.search import SearchIndex
-from gateway.store import JsonlLog
-from gateway.tokens import estimate_tokens
+from gateway.services.jsonl_log import JsonlLog
+from gateway.services.search_index import SearchIndex
+from gateway.services.tokens import estimate_tokens
 
 SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -57,7 +57,6 @@ class Session:
         self.entries: dict[str, Entry] = {}
         self.offset = 0
         self.last_compaction: dict[str, Any] | None = None
-        self.lock = threading.Lock()
 
     @property
     def exists(self) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from gateway.tokens import estimate_tokens
+from gateway.services.tokens import estimate_tokens
 from plugins.memory.sessions import Entry
 
 INSTRUCTION = (

@@ -18,10 +18,10 @@ from typing import Any
 
 import mcp_types as types
 
-from gateway.catalog import definition_tokens
-from gateway.context_levels import Debounce, bridge_path, fresh_bridges, level_for, note_text, read_bridge
 from gateway.plugin import GatewayContext, Plugin, ToolCall
-from gateway.tokens import estimate_tokens
+from gateway.services.context_levels import Debounce, bridge_path, fresh_bridges, level_for, note_text, read_bridge
+from gateway.services.costs import definition_tokens
+from gateway.services.tokens import estimate_tokens
 
 log = logging.getLogger("plugins.monitor")
 LEDGER_SOURCE = "gateway estimate: tool traffic only"
@@ -55,6 +55,7 @@ def result_tokens(result: types.CallToolResult) -> int:
 
 class MonitorPlugin(Plugin):
     name = "monitor"
+    order = 900  # last: it counts what the host really receives, after offload replaced a result
 
     def __init__(self) -> None:
         self.ctx: GatewayContext | None = None
@@ -87,7 +88,7 @@ class MonitorPlugin(Plugin):
     def measure(self, session_id: str) -> tuple[float, str, int]:
         """(remaining %, source, window)."""
         assert self.ctx is not None
-        window = self.ctx.window()
+        window = self.ctx.window.size()
         host = self._host_figure()
         if host is not None:
             return host, BRIDGE_SOURCE, window

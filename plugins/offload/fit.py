@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from gateway.tokens import estimate_tokens
-
-
-def dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+from gateway.services.text import dumps
+from gateway.services.tokens import estimate_tokens
 
 
 def cost(value: Any) -> int:

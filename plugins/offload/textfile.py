@@ -5,13 +5,12 @@ from __future__ import annotations
 import heapq
 import itertools
 import re
-import threading
 from array import array
-from collections import Counter, OrderedDict
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from plugins.offload.store import file_version
+from gateway.services.files import VersionedCache
 
 HEAD_LINES = 8
 TAIL_LINES = 4
@@ -21,8 +20,7 @@ _SHAPE_DIGITS = re.compile(r"\d+")
 _SHAPE_HEX = re.compile(r"\b[0-9a-f]{8,}\b", re.IGNORECASE)
 _CHUNK = 1 << 20
 
-_INDEX: OrderedDict[tuple[str, int, int], array] = OrderedDict()
-_LOCK = threading.Lock()
+_INDEX: VersionedCache[array] = VersionedCache(max_items=16)
 
 
 def _cut(line: str, limit: int = LINE_PREVIEW) -> str:
@@ -39,11 +37,10 @@ def shape(line: str) -> str:
 
 def line_index(path: Path) -> array:
     """Byte offset of every line start (cached per file version): line ranges seek instead of scanning."""
-    key = file_version(path)
-    with _LOCK:
-        if key in _INDEX:
-            _INDEX.move_to_end(key)
-            return _INDEX[key]
+    return _INDEX.get(path, lambda: _line_starts(path))
+
+
+def _line_starts(path: Path) -> array:
     offsets = array("q", [0])
     position = 0
     with open(path, "rb") as fh:
@@ -55,10 +52,6 @@ def line_index(path: Path) -> array:
             position += len(chunk)
     if offsets[-1] == position and len(offsets) > 1:
         offsets.pop()  # a final newline does not start a line
-    with _LOCK:
-        _INDEX[key] = offsets
-        while len(_INDEX) > 16:
-            _INDEX.popitem(last=False)
     return offsets
 
 

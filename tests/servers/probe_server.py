@@ -144,6 +144,9 @@ def build(name: str, extra_tools: int) -> Server[Any]:
                 await anyio.sleep(delay)
             return types.CallToolResult(content=[types.TextContent(text=f"done after {steps} steps")])
         if tool == "slow":
+            if state["cancelled_marker"]:  # tests wait for this instead of sleeping
+                with open(state["cancelled_marker"], "w") as fh:
+                    fh.write("started")
             try:
                 await anyio.sleep(float(args.get("seconds", 5)))
             except anyio.get_cancelled_exc_class():

@@ -1,0 +1,28 @@
+"""`serve`: run the gateway for a host, over stdio (default) or Streamable HTTP."""
+
+from __future__ import annotations
+
+import logging
+
+import anyio
+
+from gateway.settings import Settings
+
+log = logging.getLogger("gateway")
+
+
+def cmd_serve(settings: Settings) -> int:
+    from gateway.compat import check_sdk_version
+    from gateway.proxy.host_transport import serve_http, serve_stdio
+    from gateway.proxy.server import Gateway
+
+    check_sdk_version()
+    if not settings.enabled_servers:
+        log.warning(
+            "no upstream servers configured (pass --config /abs/path/gateway.toml or a host mcp.json; "
+            "see config.example.toml): serving only the gateway's own tools"
+        )
+    gateway = Gateway(settings)
+    serve = serve_http if settings.gateway.transport == "http" else serve_stdio
+    anyio.run(serve, gateway)
+    return 0

@@ -1,0 +1,76 @@
+"""Every private SDK, stdlib or uvicorn internal the gateway relies on, in one place.
+
+Each was measured to be needed (see the callers' comments). They are written for `mcp` 2.3; a
+different SDK version logs one warning at start so a breakage is traced here first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+log = logging.getLogger("gateway.compat")
+
+WRITTEN_FOR_SDK = "2.3."
+
+
+def check_sdk_version() -> str:
+    """The installed `mcp` version; a warning when it is not the one these internals were written for."""
+    try:
+        found = version("mcp")
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree without metadata
+        return "unknown"
+    if not found.startswith(WRITTEN_FOR_SDK):
+        log.warning(
+            "mcp %s is installed; gateway/compat.py was written for mcp %sx: if listing or stdio breaks, look there",
+            found,
+            WRITTEN_FOR_SDK,
+        )
+    return found
+
+
+async def send_raw_request(session: Any, method: str, params: dict[str, Any] | None) -> dict[str, Any]:
+    """A request whose result is returned as the raw dict, unvalidated (the SDK validates every result
+    against the schema, and one bad tool definition would fail a whole tools/list page)."""
+    return await session._dispatcher.send_raw_request(method, params, None)
+
+
+def write_pipe_protocol() -> Any:
+    """The protocol factory asyncio's own StreamWriter uses for write pipes (flow control for drain())."""
+    import asyncio
+
+    return asyncio.streams.FlowControlMixin
+
+
+def windows_executable(command: str) -> str:  # pragma: no cover - Windows only
+    from mcp.os.win32.utilities import get_windows_executable_command
+
+    return get_windows_executable_command(command)
+
+
+async def windows_process(command: str, args: list[str], env: dict[str, str], errlog: Any, cwd: str | None) -> Any:
+    """A child in its own Job Object, so the whole tree ends with it (pragma: Windows only)."""
+    from mcp.os.win32.utilities import create_windows_process
+
+    return await create_windows_process(command, args, env, errlog, cwd)
+
+
+async def terminate_process_tree(process: Any, grace: float) -> None:
+    """SIGTERM the child's process group (POSIX) or its Job Object (Windows), SIGKILL after `grace`."""
+    if sys.platform == "win32":  # pragma: no cover
+        from mcp.os.win32.utilities import terminate_windows_process_tree
+
+        await terminate_windows_process_tree(process)
+    else:
+        from mcp.os.posix.utilities import terminate_posix_process_tree
+
+        await terminate_posix_process_tree(process, grace)
+
+
+def leave_signals_to_us(server: Any) -> None:
+    """uvicorn installs its own SIGINT/SIGTERM handlers while serving; the gateway's handler must stop the
+    upstreams first, so uvicorn's capture is turned off."""
+    server.capture_signals = contextlib.nullcontext

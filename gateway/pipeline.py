@@ -1,0 +1,178 @@
+"""Finding, configuring and running plugins: the ordered pipeline of hooks.
+
+Every installed plugin (entry-point group `mcp_context_gateway.plugins`) is enabled unless named in
+`[gateway] disabled_plugins`; `[gateway] plugins = [...]` instead names exactly which run, in that
+order. A failing hook is logged and skipped, a plugin whose `start` fails is left out, and the
+gateway keeps serving. `CTX_TRACE_PLUGINS=1` logs every hook call with its arguments and result.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, Any
+
+import mcp_types as types
+from pydantic import ValidationError
+
+from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall
+
+if TYPE_CHECKING:
+    from gateway.settings import Settings
+
+log = logging.getLogger("gateway.plugins")
+ENTRY_POINT_GROUP = "mcp_context_gateway.plugins"
+
+
+def tracing() -> bool:
+    return os.environ.get("CTX_TRACE_PLUGINS", "") not in ("", "0")
+
+
+class PluginError(Exception):
+    """A plugin that cannot be found or configured; the message says what to change."""
+
+
+def installed_plugins() -> dict[str, Any]:
+    """name -> entry point, for every plugin installed in this environment."""
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def load_plugins(names: Sequence[str] | None = None, disabled: Sequence[str] = ()) -> list[Plugin]:
+    """Instantiate plugins: the named ones in the given order, or every installed one ordered by
+    `Plugin.order`; minus the disabled ones."""
+    available = installed_plugins()
+    for name in disabled:
+        if name not in available:
+            log.warning("disabled_plugins names %r, which is not installed (installed: %s)", name, ", ".join(available))
+    chosen = list(names) if names is not None else list(available)
+    plugins: list[Plugin] = []
+    for name in chosen:
+        if name in disabled:
+            continue
+        ep = available.get(name)
+        if ep is None:
+            known = ", ".join(sorted(available)) or "none installed"
+            raise PluginError(f"plugin {name!r} is not installed (known plugins: {known})")
+        try:
+            plugin = ep.load()()
+        except Exception as exc:
+            log.exception("plugin %s failed to load; the gateway serves without it", name)
+            if names is not None:
+                raise PluginError(f"plugin {name!r} failed to load: {type(exc).__name__}: {exc}") from None
+            continue
+        plugin.name = name
+        plugins.append(plugin)
+    if names is None:
+        plugins.sort(key=lambda p: (p.order, p.name))
+    return plugins
+
+
+def configure(plugins: Sequence[Plugin], tables: dict[str, Any]) -> None:
+    """Give each plugin its validated `[plugins.<name>]` table. Raises PluginError naming the bad key."""
+    names = {p.name for p in plugins}
+    for name in tables:
+        if name not in names:
+            log.warning("[plugins.%s] is set but no such plugin runs; its settings are ignored", name)
+    for plugin in plugins:
+        table = tables.get(plugin.name) or {}
+        model = plugin.settings_model
+        if model is None:
+            if table:
+                raise PluginError(f"[plugins.{plugin.name}]: this plugin takes no settings (got {', '.join(table)})")
+            continue
+        try:
+            plugin.settings = model.model_validate(table)
+        except ValidationError as exc:
+            lines = [f"[plugins.{plugin.name}]:"]
+            for err in exc.errors():
+                where = ".".join(str(p) for p in err["loc"])
+                lines.append(f"  {where}: {err['msg'].removeprefix('Value error, ')}")
+            raise PluginError("\n".join(lines)) from None
+
+
+def _short(value: Any, limit: int = 300) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} chars)"
+
+
+class Pipeline:
+    """Runs the hooks of every plugin in order. A failing hook is logged and skipped."""
+
+    def __init__(self, plugins: Sequence[Plugin]):
+        self.plugins = list(plugins)
+        self.failed: dict[str, str] = {}  # plugins left out at start, and why
+
+    def tools(self) -> dict[str, PluginTool]:
+        out: dict[str, PluginTool] = {}
+        for plugin in self.plugins:
+            for spec in plugin.tools():
+                if spec.tool.name in out:
+                    raise PluginError(f"two plugins define the tool {spec.tool.name!r}")
+                out[spec.tool.name] = spec
+        return out
+
+    async def start(self, ctx: GatewayContext) -> None:
+        """Start each plugin; one that fails is logged and left out of every hook."""
+        running = []
+        for plugin in self.plugins:
+            try:
+                await plugin.start(ctx)
+            except Exception as exc:
+                log.exception("plugin %s failed to start; the gateway serves without it", plugin.name)
+                self.failed[plugin.name] = f"{type(exc).__name__}: {exc}"
+                continue
+            running.append(plugin)
+        self.plugins = running
+
+    async def stop(self) -> None:
+        for plugin in reversed(self.plugins):
+            try:
+                await plugin.stop()
+            except Exception:
+                log.exception("plugin %s failed to stop", plugin.name)
+
+    async def on_tools_listed(self, tools: list[types.Tool], session_id: str) -> list[types.Tool]:
+        for plugin in self.plugins:
+            try:
+                tools = await plugin.on_tools_listed(tools, session_id)
+            except Exception:
+                log.exception("plugin %s failed in on_tools_listed; list passed on unchanged", plugin.name)
+            if tracing():
+                log.warning("trace %s.on_tools_listed(session=%s) -> %d tools", plugin.name, session_id, len(tools))
+        return tools
+
+    async def on_tool_result(self, call: ToolCall, result: types.CallToolResult) -> types.CallToolResult:
+        for plugin in self.plugins:
+            try:
+                result = await plugin.on_tool_result(call, result)
+            except Exception:
+                log.exception("plugin %s failed in on_tool_result for %s; result passed on", plugin.name, call.name)
+            if tracing():
+                log.warning(
+                    "trace %s.on_tool_result(%s, %s) -> %s",
+                    plugin.name,
+                    call.name,
+                    _short(call.arguments),
+                    _short(result),
+                )
+        return result
+
+    def status(self, session_id: str) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for plugin in self.plugins:
+            try:
+                if figures := plugin.status(session_id):
+                    out[plugin.name] = figures
+            except Exception:
+                log.exception("plugin %s failed in status", plugin.name)
+        return out
+
+
+def build_pipeline(settings: Settings, plugins: Sequence[Plugin] | None = None) -> Pipeline:
+    """The configured pipeline for these settings (or for the given plugin instances)."""
+    cfg = settings.gateway
+    chosen = load_plugins(cfg.plugins, cfg.disabled_plugins) if plugins is None else list(plugins)
+    configure(chosen, settings.plugins)
+    return Pipeline(chosen)

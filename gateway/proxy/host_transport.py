@@ -1,0 +1,142 @@
+"""The host side: serve the gateway over stdio (default) or Streamable HTTP (loopback, bearer token,
+Origin/Host checks), and stop every upstream on a signal."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+import anyio
+from mcp.server.stdio import stdio_server
+from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
+
+from gateway import compat
+from gateway.proxy.host_stdio import pipe_stdio_server
+from gateway.proxy.server import Gateway
+from gateway.settings import LOOPBACK_HOSTS
+
+log = logging.getLogger("gateway.host_transport")
+
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# anyio has no signal receiver on Windows; there the host ends the gateway by closing stdin (or
+# killing its Job Object), and Ctrl+C arrives as KeyboardInterrupt.
+HANDLE_SIGNALS = sys.platform != "win32"
+
+
+async def _cancel_on_signal(scope: anyio.CancelScope) -> None:
+    # Python's default SIGTERM skips `finally`; this lets upstreams be stopped (process groups killed).
+    with anyio.open_signal_receiver(*SIGNALS) as received:
+        async for signum in received:
+            log.info("received signal %s; stopping upstreams", signum)
+            scope.cancel()
+            return
+
+
+async def _exit_on_signal(gateway: Gateway) -> None:
+    # The stdio front reads stdin in a worker thread that cancellation cannot interrupt, so a
+    # signal stops the upstreams and plugins directly, then ends the process.
+    with anyio.open_signal_receiver(*SIGNALS) as received:
+        async for signum in received:
+            log.info("received signal %s; stopping upstreams", signum)
+            with anyio.CancelScope(shield=True):
+                await gateway.shutdown()
+            logging.shutdown()
+            os._exit(0)
+
+
+def _front_stdio() -> Any:
+    """Asyncio pipes on POSIX when stdin/stdout are pipes (no thread per message); the SDK's otherwise."""
+    if sys.platform != "win32":
+        import stat
+
+        if all(stat.S_ISFIFO(os.fstat(fd).st_mode) or stat.S_ISSOCK(os.fstat(fd).st_mode) for fd in (0, 1)):
+            return pipe_stdio_server()
+    return stdio_server()
+
+
+async def serve_stdio(gateway: Gateway) -> None:
+    async with anyio.create_task_group() as tg:
+        if HANDLE_SIGNALS:
+            tg.start_soon(_exit_on_signal, gateway)
+        async with gateway.running(), _front_stdio() as (read, write):
+            await gateway.server.run(read, write, gateway.server.create_initialization_options())
+        tg.cancel_scope.cancel()
+
+
+def security_settings(host: str, port: int) -> TransportSecuritySettings:
+    hosts = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
+    origins = ["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"]
+    if host not in LOOPBACK_HOSTS and host not in ("0.0.0.0", "::"):
+        hosts += [f"{host}:*", host]
+        origins += [f"http://{host}:*", f"https://{host}:*"]
+    if host in ("0.0.0.0", "::"):
+        # Bound to every interface: the Host header cannot be predicted; the bearer token guards access.
+        return TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins)
+
+
+class BearerAuth:
+    """ASGI wrapper: every HTTP request must carry `Authorization: Bearer <token>`."""
+
+    def __init__(self, app: Any, token: str):
+        self.app = app
+        self.expected = f"Bearer {token}".encode()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            given = dict(scope.get("headers") or []).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                body = b'{"error": "missing or wrong bearer token (Authorization: Bearer <auth_token>)"}'
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 401,
+                        "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")],
+                    }
+                )
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
+
+
+def build_http_app(gateway: Gateway) -> tuple[Any, StreamableHTTPSessionManager]:
+    from starlette.applications import Starlette
+    from starlette.routing import Route
+
+    cfg = gateway.settings.gateway
+    manager = StreamableHTTPSessionManager(
+        app=gateway.server,
+        security_settings=security_settings(cfg.host, cfg.port),
+        session_idle_timeout=1800,
+        max_request_body_size=16 * 1024 * 1024,
+    )
+    endpoint: Any = StreamableHTTPASGIApp(manager)
+    if cfg.auth_token:
+        endpoint = BearerAuth(endpoint, cfg.auth_token)
+    app = Starlette(routes=[Route("/mcp", endpoint=endpoint, methods=["GET", "POST", "DELETE"])])
+    return app, manager
+
+
+async def serve_http(gateway: Gateway, ready: anyio.Event | None = None) -> None:
+    import uvicorn
+
+    cfg = gateway.settings.gateway
+    app, manager = build_http_app(gateway)
+    config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning", lifespan="off")
+    server = uvicorn.Server(config)
+    compat.leave_signals_to_us(server)  # our handler stops the upstreams, then uvicorn
+    async with anyio.create_task_group() as tg:
+        if HANDLE_SIGNALS:
+            tg.start_soon(_cancel_on_signal, tg.cancel_scope)
+        async with gateway.running(), manager.run():
+            log.warning("serving Streamable HTTP at http://%s:%d/mcp", cfg.host, cfg.port)
+            if ready is not None:
+                ready.set()
+            await server.serve()
+        tg.cancel_scope.cancel()

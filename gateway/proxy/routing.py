@@ -1,0 +1,143 @@
+"""The routing table: the merged view the host sees (namespacing, filters, collisions) and where each name goes.
+
+Tools and prompts are shown as `<server><sep><name>`; resource URIs as `<server>+<uri>`,
+which is reversible without a lookup table.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from dataclasses import dataclass
+
+import mcp_types as types
+
+from gateway.proxy.upstream import Upstream
+from gateway.settings import Settings
+
+log = logging.getLogger("gateway.routing")
+
+MAX_NAME = 64
+_BAD_CHARS = re.compile(r"[^A-Za-z0-9_-]")
+URI_SEP = "+"
+
+
+@dataclass(frozen=True)
+class Route:
+    server: str
+    name: str  # the upstream's own name
+
+
+def safe_name(name: str) -> str:
+    """A name hosts accept: `^[a-zA-Z0-9_-]{1,64}$`; shortened names keep a hash so they stay unique."""
+    clean = _BAD_CHARS.sub("_", name) or "_"
+    if len(clean) <= MAX_NAME and clean == name:
+        return clean
+    digest = hashlib.sha1(name.encode()).hexdigest()[:6]
+    return clean if len(clean) <= MAX_NAME else f"{clean[: MAX_NAME - 7]}_{digest}"
+
+
+def repair_tool(tool: types.Tool, name: str) -> types.Tool:
+    """A copy with the host-facing name and an input schema hosts accept (`type: object`)."""
+    schema = dict(tool.input_schema or {})
+    if schema.get("type") != "object":
+        schema = {"type": "object", "properties": schema.get("properties", {})}
+    return tool.model_copy(update={"name": name, "input_schema": schema})
+
+
+class RoutingTable:
+    """Upstreams and the merged view over them. Rebuilt whenever an upstream changes."""
+
+    def __init__(self, settings: Settings, upstreams: dict[str, Upstream], reserved: set[str] | None = None):
+        self.settings = settings
+        self.upstreams = upstreams
+        self.reserved = set(reserved or ())  # names of the gateway's own tools
+        self.tools: dict[str, types.Tool] = {}
+        self.tool_routes: dict[str, Route] = {}
+        self.prompts: dict[str, types.Prompt] = {}
+        self.prompt_routes: dict[str, Route] = {}
+        self.collisions: list[str] = []
+        self.version = 0
+        self.rebuild()
+
+    @property
+    def sep(self) -> str:
+        return self.settings.gateway.separator
+
+    def _exposed(self, server: str, name: str, prefixed: bool) -> str:
+        return safe_name(f"{server}{self.sep}{name}" if prefixed else name)
+
+    def rebuild(self) -> None:
+        tools: dict[str, types.Tool] = {}
+        routes: dict[str, Route] = {}
+        prompts: dict[str, types.Prompt] = {}
+        prompt_routes: dict[str, Route] = {}
+        owners: dict[str, str] = {name: "the gateway" for name in self.reserved}
+        collisions: list[str] = []
+        for server, up in self.upstreams.items():
+            cfg = up.config
+            for tool in up.tools:
+                if not cfg.tools.allows(tool.name):
+                    continue
+                name = self._exposed(server, tool.name, cfg.prefix)
+                if name in owners:
+                    alt = self._exposed(server, tool.name, True)
+                    collisions.append(
+                        f"tool name '{name}' of server '{server}' collides with {_owner(owners[name])}; "
+                        f"shown as '{alt}' instead (set prefix = true on one of them)"
+                    )
+                    name = alt
+                    if name in owners:
+                        continue
+                owners[name] = server
+                tools[name] = repair_tool(tool, name)
+                routes[name] = Route(server, tool.name)
+            for prompt in up.prompts:
+                name = self._exposed(server, prompt.name, cfg.prefix)
+                if name in prompts:
+                    name = self._exposed(server, prompt.name, True)
+                prompts[name] = prompt.model_copy(update={"name": name})
+                prompt_routes[name] = Route(server, prompt.name)
+        for line in collisions:
+            if line not in self.collisions:
+                log.error("name collision: %s", line)
+        self.tools, self.tool_routes = tools, routes
+        self.prompts, self.prompt_routes = prompts, prompt_routes
+        self.collisions = collisions
+        self.version += 1
+
+    # -- resources (namespaced by URI prefix, no table needed) ---------------------------
+
+    def resources(self) -> list[types.Resource]:
+        out = []
+        for server, up in self.upstreams.items():
+            out += [r.model_copy(update={"uri": f"{server}{URI_SEP}{r.uri}"}) for r in up.resources]
+        return out
+
+    def resource_templates(self) -> list[types.ResourceTemplate]:
+        out = []
+        for server, up in self.upstreams.items():
+            out += [t.model_copy(update={"uri_template": f"{server}{URI_SEP}{t.uri_template}"}) for t in up.templates]
+        return out
+
+    def resource_route(self, uri: str) -> Route | None:
+        server, sep, rest = uri.partition(URI_SEP)
+        if sep and server in self.upstreams:
+            return Route(server, rest)
+        return None
+
+    # -- lookups ------------------------------------------------------------------------------
+
+    def upstream_for(self, route: Route) -> Upstream:
+        return self.upstreams[route.server]
+
+    def definitions_by_server(self) -> dict[str, list[types.Tool]]:
+        out: dict[str, list[types.Tool]] = {name: [] for name in self.upstreams}
+        for name, tool in self.tools.items():
+            out[self.tool_routes[name].server].append(tool)
+        return out
+
+
+def _owner(owner: str) -> str:
+    return owner if owner == "the gateway" else f"server '{owner}'"

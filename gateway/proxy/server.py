@@ -1,0 +1,360 @@
+"""The front MCP server the host talks to: routes calls to upstreams or to plugin tools."""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import mcp_types as types
+from mcp import MCPError
+from mcp.server import NotificationOptions, Server, ServerRequestContext
+from mcp.server.session import ServerSession
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
+from mcp.shared.subscriptions import PromptsListChanged, ResourcesListChanged, ToolsListChanged
+
+from gateway.pipeline import build_pipeline
+from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall
+from gateway.proxy.catalog_mode import CatalogMode
+from gateway.proxy.routing import URI_SEP, RoutingTable
+from gateway.proxy.upstream import Upstream
+from gateway.results import error_result
+from gateway.services.model_endpoint import ModelEndpoint
+from gateway.services.responses import ResponseStore
+from gateway.services.window import ContextWindow
+from gateway.settings import Settings
+
+log = logging.getLogger("gateway.server")
+
+PAGE_SIZE = 100
+MAX_HOSTS = 64  # host connections remembered for list_changed pushes
+READY_WAIT_CAP = 30.0  # longest a tools/list waits for slow upstreams; later arrivals are pushed by list_changed
+
+
+class GatewayServer(Server[Any]):
+    """Advertises `listChanged` on every transport (the HTTP manager passes no options)."""
+
+    def create_initialization_options(
+        self,
+        notification_options: NotificationOptions | None = None,
+        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+    ) -> Any:
+        return super().create_initialization_options(
+            notification_options
+            or NotificationOptions(tools_changed=True, resources_changed=True, prompts_changed=True),
+            experimental_capabilities,
+            extensions,
+        )
+
+
+def session_id_of(ctx: ServerRequestContext[Any]) -> str:
+    """The host connection a request came from: the HTTP session id, else one stdio host."""
+    request = ctx.request
+    if request is not None:
+        sid = request.headers.get("mcp-session-id")
+        if sid:
+            return sid
+        return "http"
+    return "stdio"
+
+
+def forwardable_meta(meta: Any) -> dict[str, Any]:
+    """The host's `_meta` minus what belongs to the host's own connection: its progress token
+    (the SDK sets its own) and the 2026 envelope keys (the upstream session speaks its own era)."""
+    return {
+        k: v
+        for k, v in dict(meta or {}).items()
+        if k not in ("progress_token", "progressToken") and not k.startswith("io.modelcontextprotocol/")
+    }
+
+
+def _page(items: Sequence[Any], cursor: str | None) -> tuple[list[Any], str | None]:
+    try:
+        start = int(cursor or 0)
+    except ValueError:
+        raise MCPError(types.INVALID_PARAMS, f"invalid cursor {cursor!r}; list again without a cursor") from None
+    if start < 0 or start > len(items):
+        raise MCPError(types.INVALID_PARAMS, f"cursor {cursor!r} is out of range; list again without a cursor")
+    end = start + PAGE_SIZE
+    return list(items[start:end]), (str(end) if end < len(items) else None)
+
+
+class Gateway:
+    """Upstreams + routing table + plugin pipeline + the front `Server`."""
+
+    def __init__(self, settings: Settings, plugins: Sequence[Plugin] | None = None):
+        self.settings = settings
+        workspace = settings.gateway.workspace
+        self.upstreams = {
+            name: Upstream(name, cfg, workspace / "logs", on_change=self._upstream_changed)
+            for name, cfg in settings.enabled_servers.items()
+        }
+        self.pipeline = build_pipeline(settings, plugins)
+        self.llm = ModelEndpoint(settings.llm, workspace)
+        self.window = ContextWindow(settings, self.llm)
+        self.routing = RoutingTable(settings, self.upstreams)
+        self.catalog_mode = CatalogMode(self.routing, self.call, self.window.size)
+        self.context = GatewayContext(
+            settings=settings,
+            routing=self.routing,
+            llm=self.llm,
+            responses=ResponseStore(settings.gateway.responses_dir),
+            tokens=self.llm.tokens,
+            window=self.window,
+            status_of=self.pipeline.status,
+        )
+        self.own_tools: dict[str, PluginTool] = {}
+        self.meta_tools: dict[str, PluginTool] = {spec.tool.name: spec for spec in self.catalog_mode.tools()}
+        self.local_tools: dict[str, PluginTool] = {}  # every tool the gateway answers itself: one dispatch
+        self._collect_tools()
+        self.hosts: OrderedDict[str, ServerSession] = OrderedDict()
+        self.bus = InMemorySubscriptionBus()
+        self._listed: tuple[Any, ...] = ()
+        self.server = self._build_server()
+
+    def _collect_tools(self) -> None:
+        """Plugin tools and catalog mode's meta-tools, dispatched the same way; their names are reserved."""
+        self.own_tools = self.pipeline.tools()
+        self.local_tools = self.own_tools | self.meta_tools
+        self.routing.reserved = set(self.local_tools)
+        self.routing.rebuild()
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[Gateway]:
+        """Start every upstream owner task and the plugins; stop them all (concurrently) on exit."""
+        async with anyio.create_task_group() as tg:
+            for upstream in self.upstreams.values():
+                tg.start_soon(upstream.run, name=f"upstream:{upstream.name}")
+            llm_scope = anyio.CancelScope()
+
+            async def start_llm() -> None:
+                with llm_scope:
+                    await self.llm.start()
+
+            tg.start_soon(start_llm, name="llm:start")  # calibration never delays serving
+            try:
+                await self.pipeline.start(self.context)
+                if self.pipeline.failed:  # a plugin left out takes its tools with it
+                    self._collect_tools()
+                yield self
+            finally:
+                llm_scope.cancel()
+                for upstream in self.upstreams.values():
+                    upstream.stop()
+                with anyio.CancelScope(shield=True):
+                    await self.pipeline.stop()
+                    await self.llm.aclose()
+
+    async def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop every upstream (their process groups) and the plugins, without waiting on the host."""
+        for upstream in self.upstreams.values():
+            upstream.stop()
+        with anyio.move_on_after(timeout):
+            for upstream in self.upstreams.values():
+                await upstream.finished.wait()
+        await self.pipeline.stop()
+
+    async def wait_ready(self, timeout: float | None = None) -> None:
+        """Wait until every upstream finished its first start attempt (bounded)."""
+        if timeout is None:
+            timeout = min(
+                READY_WAIT_CAP, max((u.config.init_timeout_seconds for u in self.upstreams.values()), default=0) + 1
+            )
+        with anyio.move_on_after(timeout):
+            for upstream in self.upstreams.values():
+                await upstream.ready.wait()
+
+    # -- change propagation ---------------------------------------------------------------
+
+    def _remember_host(self, ctx: ServerRequestContext[Any]) -> str:
+        sid = session_id_of(ctx)
+        self.hosts[sid] = ctx.session
+        self.hosts.move_to_end(sid)
+        while len(self.hosts) > MAX_HOSTS:
+            self.hosts.popitem(last=False)
+        return sid
+
+    def _snapshot(self) -> tuple[Any, ...]:
+        return (
+            tuple(t.model_dump_json() for t in self.visible_tools()),
+            tuple(r.uri for r in self.routing.resources()),
+            tuple(t.uri_template for t in self.routing.resource_templates()),
+            tuple(self.routing.prompts),
+        )
+
+    async def _upstream_changed(self, upstream: Upstream) -> None:
+        before = self._listed or self._snapshot()
+        self.routing.rebuild()
+        after = self._snapshot()
+        self._listed = after
+        if before[0] != after[0]:
+            await self._broadcast("tools")
+        if before[1:3] != after[1:3]:
+            await self._broadcast("resources")
+        if before[3] != after[3]:
+            await self._broadcast("prompts")
+
+    async def _broadcast(self, what: str) -> None:
+        event = {"tools": ToolsListChanged, "resources": ResourcesListChanged, "prompts": PromptsListChanged}[what]
+        try:
+            await self.bus.publish(event())
+        except Exception:
+            log.exception("publishing %s change to 2026-era hosts failed", what)
+        for sid, session in list(self.hosts.items()):
+            try:
+                await getattr(session, f"send_{what[:-1]}_list_changed")()
+            except Exception as exc:  # a host that went away
+                log.debug("dropping host %s: %s", sid, exc)
+                self.hosts.pop(sid, None)
+
+    # -- the front server -----------------------------------------------------------------
+
+    def instructions(self) -> str:
+        names = ", ".join(self.upstreams) or "no servers"
+        text = (
+            f"mcp-context-gateway fronts these MCP servers: {names}. Their tools are named "
+            f"<server>{self.settings.gateway.separator}<tool>."
+        )
+        mode = self.settings.gateway.tool_mode
+        if mode == "catalog":
+            text += " Catalog mode: find upstream tools with tool_search, read tool_schema, call with tool_call."
+        elif mode == "auto":
+            text += (
+                " Tool mode auto: if only tool_search/tool_schema/tool_call are listed, the upstream tools "
+                "are behind that catalog (their definitions would take over 1/4 of the window)."
+            )
+        if self.own_tools:
+            text += " Large results are saved to files and replaced by a fileRef; call context_guide for the workflow."
+        return text
+
+    def _build_server(self) -> GatewayServer:
+        server = GatewayServer(
+            "mcp-context-gateway",
+            version="0.1.0",
+            instructions=self.instructions(),
+            on_list_tools=self._list_tools,
+            on_call_tool=self._call_tool,
+            on_list_resources=self._list_resources,
+            on_list_resource_templates=self._list_resource_templates,
+            on_read_resource=self._read_resource,
+            on_list_prompts=self._list_prompts,
+            on_get_prompt=self._get_prompt,
+            on_subscriptions_listen=ListenHandler(self.bus),
+        )
+        # The default OpenTelemetry middleware costs ~0.1 ms a request, measured (bench/proxy_overhead.py),
+        # on a hop whose whole budget is about that; tracing stays available on the upstreams themselves.
+        server.middleware = []
+        return server
+
+    def visible_tools(self) -> list[types.Tool]:
+        """What the host is shown: the gateway's own tools, the catalog meta-tools when any upstream is
+        behind the catalog, then the upstream tools listed directly."""
+        behind_catalog, direct = self.catalog_mode.listing()
+        meta = [spec.tool for spec in self.meta_tools.values()] if behind_catalog else []
+        return [spec.tool for spec in self.own_tools.values()] + meta + direct
+
+    async def listed_tools(self, session_id: str) -> list[types.Tool]:
+        return await self.pipeline.on_tools_listed(self.visible_tools(), session_id)
+
+    async def _list_tools(self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
+        sid = self._remember_host(ctx)
+        await self.wait_ready()
+        tools, cursor = _page(await self.listed_tools(sid), params.cursor if params else None)
+        return types.ListToolsResult(tools=tools, next_cursor=cursor)
+
+    async def _call_tool(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> Any:
+        sid = self._remember_host(ctx)
+        arguments = params.arguments if isinstance(params.arguments, dict) else {}
+        call = ToolCall(
+            name=params.name,
+            arguments=arguments,
+            session_id=sid,
+            report_progress=ctx.session.report_progress,
+            host_session=ctx.session,
+            request_id=ctx.request_id,
+            meta=forwardable_meta(params.meta),
+        )
+        try:
+            result = await self.call(call)
+        except Exception as exc:
+            log.exception("tool %s failed inside the gateway", params.name)
+            result = error_result(
+                f"The gateway failed while handling '{params.name}': {exc}. This is a bug; "
+                "the gateway keeps serving. Try again or use another tool."
+            )
+        return await self.pipeline.on_tool_result(call, result)
+
+    async def call(self, call: ToolCall) -> types.CallToolResult:
+        """Run a tool by its host-facing name (own tool or upstream); fills in `call.server`/`call.tool`."""
+        spec = self.local_tools.get(call.name)
+        if spec is not None:
+            return await spec.handler(call)
+        route = self.routing.tool_routes.get(call.name)
+        if route is None:
+            if not self.routing.tools and any(u.state == "starting" for u in self.upstreams.values()):
+                await self.wait_ready()
+                route = self.routing.tool_routes.get(call.name)
+            if route is None:
+                return error_result(self._unknown_tool(call.name))
+        call.server, call.tool = route.server, route.name
+        upstream = self.routing.upstream_for(route)
+        return await upstream.call_tool(
+            route.name, call.arguments, call.meta, call.report_progress, host=(call.host_session, call.request_id)
+        )
+
+    def _unknown_tool(self, name: str) -> str:
+        server, sep, _ = name.partition(self.settings.gateway.separator)
+        if sep and server in self.upstreams and self.upstreams[server].state != "ok":
+            return self.upstreams[server].unavailable()
+        return f"Unknown tool '{name}'. List the tools again (the upstream set may have changed)."
+
+    async def _list_resources(self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
+        self._remember_host(ctx)
+        await self.wait_ready()
+        items, cursor = _page(self.routing.resources(), params.cursor if params else None)
+        return types.ListResourcesResult(resources=items, next_cursor=cursor)
+
+    async def _list_resource_templates(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> Any:
+        await self.wait_ready()
+        items, cursor = _page(self.routing.resource_templates(), params.cursor if params else None)
+        return types.ListResourceTemplatesResult(resource_templates=items, next_cursor=cursor)
+
+    async def _read_resource(self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams) -> Any:
+        route = self.routing.resource_route(params.uri)
+        if route is None:
+            raise MCPError(
+                types.INVALID_PARAMS,
+                f"Unknown resource {params.uri!r}: gateway resource URIs look like '<server>{URI_SEP}<uri>'; "
+                "list resources to see them.",
+            )
+        upstream = self.routing.upstream_for(route)
+        result = await upstream.request(
+            types.ReadResourceRequest(params=types.ReadResourceRequestParams(uri=route.name)),
+            types.ReadResourceResult,
+            f"resources/read {route.name}",
+        )
+        contents = [c.model_copy(update={"uri": f"{route.server}{URI_SEP}{c.uri}"}) for c in result.contents]
+        return result.model_copy(update={"contents": contents})
+
+    async def _list_prompts(self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
+        await self.wait_ready()
+        items, cursor = _page(list(self.routing.prompts.values()), params.cursor if params else None)
+        return types.ListPromptsResult(prompts=items, next_cursor=cursor)
+
+    async def _get_prompt(self, ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams) -> Any:
+        route = self.routing.prompt_routes.get(params.name)
+        if route is None:
+            raise MCPError(types.INVALID_PARAMS, f"Unknown prompt {params.name!r}; list prompts to see them.")
+        return await self.routing.upstream_for(route).request(
+            types.GetPromptRequest(params=types.GetPromptRequestParams(name=route.name, arguments=params.arguments)),
+            types.GetPromptResult,
+            f"prompts/get {route.name}",
+        )

@@ -1,0 +1,423 @@
+"""One upstream MCP server: start, initialize, supervise, reconnect, forward.
+
+Each upstream has one long-lived owner task (`run`) that enters the transport and the
+session and exits them itself (SDK pitfall 1). Other tasks only send requests.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import anyio
+import httpx2
+import mcp_types as types
+from mcp import ClientSession, MCPError
+from mcp.client.streamable_http import streamable_http_client
+from pydantic import ValidationError
+
+from gateway import compat
+from gateway.progress import ProgressReporter, no_progress
+from gateway.proxy.upstream_stdio import linear_stdio_client
+from gateway.results import error_result
+from gateway.settings import ServerConfig
+
+log = logging.getLogger("gateway.upstream")
+
+BACKOFF_FIRST = 1.0
+BACKOFF_MAX = 30.0
+HEALTHY_AFTER = 60.0  # a connection that lived this long resets the backoff
+LOG_ROTATE_BYTES = 10 * 1024 * 1024
+CLIENT_INFO = types.Implementation(name="mcp-context-gateway", version="0.1.0")
+
+State = Literal["starting", "ok", "failed", "stopped"]
+
+
+class ConnectionLost(Exception):
+    pass
+
+
+@dataclass
+class _InFlight:
+    host_session: Any
+    request_id: Any
+    scope: anyio.CancelScope
+    timeout: float
+
+
+def describe(exc: BaseException) -> str:
+    """One readable line for any failure, including nested ExceptionGroups."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    if isinstance(exc, FileNotFoundError):
+        return f"command not found: {exc.filename or exc}"
+    if isinstance(exc, httpx2.ConnectError):
+        return f"cannot connect: {exc}"
+    if isinstance(exc, httpx2.HTTPStatusError):
+        return f"HTTP {exc.response.status_code} from {exc.request.url}"
+    text = str(exc) or type(exc).__name__
+    return text if len(text) < 300 else text[:300] + "..."
+
+
+class Upstream:
+    def __init__(
+        self,
+        name: str,
+        config: ServerConfig,
+        log_dir: Path,
+        on_change: Callable[[Upstream], Awaitable[None]] | None = None,
+    ):
+        self.name = name
+        self.config = config
+        self.log_path = log_dir / f"{name}.log"
+        self.on_change = on_change
+        self.state: State = "starting"
+        self.error = ""
+        self.session: ClientSession | None = None
+        self.server_info: types.Implementation | None = None
+        self.instructions: str | None = None
+        self.tools: list[types.Tool] = []
+        self.resources: list[types.Resource] = []
+        self.templates: list[types.ResourceTemplate] = []
+        self.prompts: list[types.Prompt] = []
+        self.restarts = 0
+        self.next_retry_at: float | None = None
+        self.ready = anyio.Event()  # set after the first attempt, whatever its outcome
+        self.finished = anyio.Event()  # set when the owner task has stopped the server
+        self._stopping = False
+        self._wake = anyio.Event()
+        self._dead_reason = ""
+        self._refresh = False
+        self._log_mark = 0
+        self._in_flight: list[_InFlight] = []
+
+    @property
+    def transport(self) -> str:
+        return self.config.transport
+
+    # -- signals from other tasks -------------------------------------------------------
+
+    def _signal(self) -> None:
+        self._wake.set()
+
+    def mark_dead(self, reason: str) -> None:
+        if not self._dead_reason:
+            self._dead_reason = reason
+        self._signal()
+
+    def request_refresh(self) -> None:
+        self._refresh = True
+        self._signal()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._signal()
+
+    # -- the owner task -------------------------------------------------------------------
+
+    async def run(self) -> None:
+        backoff = BACKOFF_FIRST
+        while not self._stopping:
+            began = time.monotonic()
+            try:
+                await self._connect_and_serve()
+            except Exception as exc:  # includes ExceptionGroups from transport task groups
+                reason = describe(exc)
+            else:
+                reason = self._dead_reason or "connection closed"
+            finally:
+                self.session = None
+            if self._stopping:
+                break
+            if tail := self._stderr_tail():
+                reason = f"{reason} (stderr: {tail})"
+            if time.monotonic() - began > HEALTHY_AFTER:
+                backoff = BACKOFF_FIRST
+            self.state, self.error = "failed", reason
+            self.next_retry_at = time.time() + backoff
+            log.warning("upstream %s: %s; restarting in %.0f s (log: %s)", self.name, reason, backoff, self.log_path)
+            self.ready.set()
+            await self._notify()
+            with anyio.move_on_after(backoff):
+                while not self._stopping:
+                    self._wake = anyio.Event()
+                    await self._wake.wait()
+            backoff = min(backoff * 2, BACKOFF_MAX)
+            self.restarts += 1
+        self.state = "stopped"
+        self.ready.set()
+        self.finished.set()
+
+    @asynccontextmanager
+    async def _transport(self) -> AsyncIterator[tuple[Any, Any]]:
+        cfg = self.config.expanded()
+        if cfg.command:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            if self.log_path.exists() and self.log_path.stat().st_size > LOG_ROTATE_BYTES:
+                self.log_path.replace(self.log_path.with_suffix(".log.1"))  # keep one older log
+            with open(self.log_path, "ab") as errlog:
+                self._log_mark = errlog.tell()
+                async with linear_stdio_client(
+                    cfg.command, cfg.args, cfg.env, cfg.cwd or None, errlog, on_exit=self._on_stdout_closed
+                ) as streams:
+                    yield streams
+        else:
+            async with (
+                httpx2.AsyncClient(headers=cfg.headers, timeout=httpx2.Timeout(30, read=None)) as http,
+                streamable_http_client(cfg.url, http_client=http, max_sse_event_size=None) as streams,
+            ):
+                yield streams
+
+    def _stderr_tail(self) -> str:
+        """The last line the child wrote to stderr, so a failed start explains itself."""
+        if self.transport != "stdio" or not self.log_path.is_file():
+            return ""
+        with open(self.log_path, "rb") as fh:
+            fh.seek(max(self._log_mark, self.log_path.stat().st_size - 2048))
+            lines = [ln for ln in fh.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+        return lines[-1].strip()[:200] if lines else ""
+
+    def _on_stdout_closed(self) -> None:
+        if not self._stopping:
+            self.mark_dead("the server process exited or closed its stdout")
+
+    async def _connect_and_serve(self) -> None:
+        self._dead_reason, self._refresh = "", False
+        self._wake = anyio.Event()
+        self.state = "starting"
+        async with (
+            self._transport() as (read, write),
+            ClientSession(
+                read,
+                write,
+                message_handler=self._on_message,
+                elicitation_callback=self._on_elicit,
+                client_info=CLIENT_INFO,
+            ) as session,
+        ):
+            try:
+                with anyio.fail_after(self.config.init_timeout_seconds):
+                    init = await session.initialize()
+                    self.server_info, self.instructions = init.server_info, init.instructions
+                    await self._list_all(session)
+            except TimeoutError:
+                raise ConnectionLost(
+                    f"did not finish initialize and listing within {self.config.init_timeout_seconds:.0f} s "
+                    "(a first npx run downloads packages: raise init_timeout_seconds)"
+                ) from None
+            self.session, self.state, self.error, self.next_retry_at = session, "ok", "", None
+            log.info("upstream %s: ready, %d tools", self.name, len(self.tools))
+            self.ready.set()
+            await self._notify()
+            await self._serve(session)
+
+    async def _serve(self, session: ClientSession) -> None:
+        interval = self.config.ping_seconds
+        timeout = min(15.0, interval)
+        next_ping = anyio.current_time() + interval
+        while True:
+            with anyio.move_on_after(max(0.0, next_ping - anyio.current_time())):
+                await self._wake.wait()
+            self._wake = anyio.Event()
+            if self._stopping:
+                return
+            if self._dead_reason:
+                raise ConnectionLost(self._dead_reason)
+            if self._refresh:
+                self._refresh = False
+                await self._list_all(session)
+                await self._notify()
+            if anyio.current_time() >= next_ping:
+                try:
+                    with anyio.fail_after(timeout):
+                        await session.send_ping()
+                except MCPError as exc:
+                    if exc.error.code != types.METHOD_NOT_FOUND:
+                        raise ConnectionLost(f"ping failed: {exc.error.message}") from None
+                except TimeoutError:
+                    raise ConnectionLost(f"no answer to ping within {timeout:.0f} s (hung?)") from None
+                next_ping = anyio.current_time() + interval
+
+    async def _notify(self) -> None:
+        if self.on_change is not None:
+            try:
+                await self.on_change(self)
+            except Exception:
+                log.exception("change callback failed for upstream %s", self.name)
+
+    async def _on_message(self, message: Any) -> None:
+        if isinstance(
+            message,
+            types.ToolListChangedNotification
+            | types.ResourceListChangedNotification
+            | types.PromptListChangedNotification,
+        ):
+            self.request_refresh()
+        elif isinstance(message, Exception):
+            log.warning("upstream %s transport error: %s", self.name, describe(message))
+
+    async def _list_all(self, session: ClientSession) -> None:
+        caps = session.server_capabilities
+        self.tools = (
+            await _paginate(lambda params: _list_tools(session, params), "tools") if caps and caps.tools else []
+        )
+        if caps and caps.resources:
+            self.resources = await _paginate(session.list_resources, "resources")
+            self.templates = await _paginate(session.list_resource_templates, "resource_templates")
+        else:
+            self.resources, self.templates = [], []
+        self.prompts = await _paginate(session.list_prompts, "prompts") if caps and caps.prompts else []
+
+    # -- forwarding -------------------------------------------------------------------------
+
+    def unavailable(self) -> str:
+        retry = ""
+        if self.next_retry_at is not None:
+            retry = f"; the gateway restarts it in {max(0, self.next_retry_at - time.time()):.0f} s"
+        state = "is still starting" if self.state == "starting" else f"is not available ({self.error})"
+        return f"Upstream server '{self.name}' {state}{retry}. Try again shortly, or use another server's tools."
+
+    async def call_tool(
+        self,
+        tool: str,
+        arguments: dict[str, Any] | None,
+        meta: dict[str, Any] | None = None,
+        progress: ProgressReporter = no_progress,
+        timeout: float | None = None,
+        host: tuple[Any, Any] = (None, None),
+    ) -> types.CallToolResult:
+        """Forward a call; every failure comes back as an `isError` result naming this server."""
+        session = self.session
+        if session is None or self.state != "ok":
+            return error_result(self.unavailable())
+        timeout = timeout or self.config.timeout_seconds
+        scope = anyio.CancelScope(deadline=anyio.current_time() + timeout)
+        flight = _InFlight(host[0], host[1], scope, timeout)
+        self._in_flight.append(flight)
+        try:
+            return await self._forward(session, tool, arguments, meta, progress, scope, timeout)
+        finally:
+            self._in_flight.remove(flight)
+
+    async def _forward(
+        self,
+        session: ClientSession,
+        tool: str,
+        arguments: dict[str, Any] | None,
+        meta: dict[str, Any] | None,
+        progress: ProgressReporter,
+        scope: anyio.CancelScope,
+        timeout: float,
+    ) -> types.CallToolResult:
+
+        async def relay(value: float, total: float | None, message: str | None) -> None:
+            scope.deadline = anyio.current_time() + timeout  # progress resets the clock
+            await progress(value, total, message)
+
+        request = types.CallToolRequest(
+            params=types.CallToolRequestParams(name=tool, arguments=arguments, _meta=meta or None)
+        )
+        with scope:
+            try:
+                return await session.send_request(request, types.CallToolResult, progress_callback=relay)
+            except MCPError as exc:
+                return error_result(self._call_failed(tool, exc))
+            except ValidationError as exc:
+                return error_result(
+                    f"Upstream server '{self.name}' returned a malformed result for '{tool}': "
+                    f"{exc.error_count()} schema errors (first: {exc.errors()[0]['msg']})."
+                )
+        return error_result(
+            f"Upstream server '{self.name}' did not answer '{tool}' within {timeout:.0f} s (no progress either); "
+            "the call was cancelled. Retry with smaller input, or raise timeout_seconds for this server."
+        )
+
+    async def _on_elicit(self, context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        """An upstream asks the user something during a call: ask the host that made the call (the most
+        recent one in flight), with the call's clock paused while the user answers; else decline."""
+        flight = self._in_flight[-1] if self._in_flight else None
+        caps = getattr(flight.host_session, "client_capabilities", None) if flight else None
+        if flight is None or caps is None or caps.elicitation is None:
+            return types.ElicitResult(action="decline")
+        flight.scope.deadline = math.inf
+        try:
+            if isinstance(params, types.ElicitRequestURLParams):
+                return await flight.host_session.elicit_url(
+                    params.message, params.url, params.elicitation_id, related_request_id=flight.request_id
+                )
+            return await flight.host_session.elicit_form(
+                params.message, params.requested_schema, related_request_id=flight.request_id
+            )
+        except Exception as exc:  # the host cannot be asked (no back-channel, gone): the upstream hears no
+            log.info("upstream %s: elicitation not forwarded: %s", self.name, describe(exc))
+            return types.ElicitResult(action="decline")
+        finally:
+            flight.scope.deadline = anyio.current_time() + flight.timeout
+
+    def _call_failed(self, what: str, exc: MCPError) -> str:
+        code, message = exc.error.code, exc.error.message
+        if code == types.CONNECTION_CLOSED or "Session terminated" in message:
+            self.mark_dead(message)
+            return (
+                f"Upstream server '{self.name}' went away during '{what}' ({message}). "
+                "The gateway is restarting it; try again in a few seconds."
+            )
+        return f"Upstream server '{self.name}' answered '{what}' with error {code}: {message}"
+
+    async def request(self, request: Any, result_type: type[Any], what: str) -> Any:
+        """Forward a non-tool request (resources, prompts); raises MCPError with a clear message."""
+        session = self.session
+        if session is None or self.state != "ok":
+            raise MCPError(types.INTERNAL_ERROR, self.unavailable())
+        try:
+            with anyio.fail_after(self.config.timeout_seconds):
+                return await session.send_request(request, result_type)
+        except MCPError as exc:
+            raise MCPError(exc.error.code, self._call_failed(what, exc)) from None
+        except TimeoutError:
+            raise MCPError(
+                types.REQUEST_TIMEOUT, f"Upstream server '{self.name}' did not answer {what} in time"
+            ) from None
+
+
+async def _list_tools(session: ClientSession, params: types.PaginatedRequestParams) -> types.ListToolsResult:
+    """tools/list, tolerant of definitions the strict schema rejects (an `inputSchema` without `type`,
+    common in older servers): one bad definition must not keep a whole server out."""
+    try:
+        return await session.list_tools(params=params)
+    except ValidationError as exc:
+        log.warning("tools/list did not fit the MCP schema (%s errors); repairing the definitions", exc.error_count())
+    # The SDK validates every result against the schema; the raw page is repaired here the same way the
+    # routing table repairs what it re-advertises.
+    raw = await compat.send_raw_request(session, "tools/list", {"cursor": params.cursor} if params.cursor else None)
+    tools = []
+    for item in raw.get("tools") or []:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            continue
+        schema = item.get("inputSchema") if isinstance(item.get("inputSchema"), dict) else {}
+        item = {**item, "inputSchema": {**schema, "type": "object"}}
+        try:
+            tools.append(types.Tool.model_validate(item, by_name=False))
+        except ValidationError as exc:
+            log.warning("skipping tool %r: %s", item["name"], exc.errors()[0]["msg"])
+    return types.ListToolsResult(tools=tools, next_cursor=raw.get("nextCursor"))
+
+
+async def _paginate(method: Callable[..., Awaitable[Any]], field: str) -> list[Any]:
+    items: list[Any] = []
+    cursor: str | None = None
+    for _ in range(1000):  # a server that loops its cursor must not hang the gateway
+        page = await method(params=types.PaginatedRequestParams(cursor=cursor))
+        items += getattr(page, field)
+        cursor = page.next_cursor
+        if not cursor:
+            break
+    return items

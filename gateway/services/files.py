@@ -1,0 +1,100 @@
+"""Files the gateway writes and reads back: one atomic writer, one cache keyed by file version."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from pathlib import Path
+from typing import IO, Any, Generic, TypeVar
+
+T = TypeVar("T")
+FileVersion = tuple[str, int, int]
+
+
+def file_version(path: Path) -> FileVersion:
+    """A cache key that changes when the file does (path, size, mtime)."""
+    st = path.stat()
+    return (str(path), st.st_size, st.st_mtime_ns)
+
+
+def atomic_write(path: Path, data: bytes | str | Callable[[IO[bytes]], Any], *, sync: bool = True) -> int:
+    """Write `path` through a temp file beside it and a rename: readers see the old file or the whole
+    new one, never a torn one. `data` may be a function that writes to the open binary file (for
+    payloads produced piece by piece). A failed write removes its temp file. Returns the size written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            if callable(data):
+                data(fh)
+            else:
+                fh.write(data.encode("utf-8") if isinstance(data, str) else data)
+            fh.flush()
+            if sync:
+                os.fsync(fh.fileno())
+            size = fh.tell()
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return size
+
+
+class VersionedCache(Generic[T]):
+    """A small LRU of values computed from files, keyed by file version (plus an optional sub-key), bounded
+    by entry count and by the total size of the files behind them. Concurrent callers asking for the same
+    key wait for one computation instead of repeating it. Thread-safe."""
+
+    def __init__(self, max_items: int = 16, max_file_bytes: int | None = None):
+        self.max_items = max_items
+        self.max_file_bytes = max_file_bytes
+        self._items: OrderedDict[tuple[FileVersion, Hashable], T] = OrderedDict()
+        self._pending: dict[tuple[FileVersion, Hashable], threading.Event] = {}
+        self._lock = threading.Lock()
+
+    def peek(self, path: Path, sub: Hashable = None) -> T | None:
+        key = (file_version(path), sub)
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+        return None
+
+    def put(self, path: Path, value: T, sub: Hashable = None) -> None:
+        self._store((file_version(path), sub), value)
+
+    def get(self, path: Path, compute: Callable[[], T], sub: Hashable = None) -> T:
+        key = (file_version(path), sub)
+        while True:
+            with self._lock:
+                if key in self._items:
+                    self._items.move_to_end(key)
+                    return self._items[key]
+                pending = self._pending.get(key)
+                if pending is None:
+                    self._pending[key] = threading.Event()
+                    break
+            pending.wait()
+        try:
+            value = compute()
+            self._store(key, value)
+            return value
+        finally:
+            with self._lock:
+                self._pending.pop(key).set()
+
+    def _store(self, key: tuple[FileVersion, Hashable], value: T) -> None:
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > 1 and (
+                len(self._items) > self.max_items
+                or (self.max_file_bytes is not None and sum(k[0][1] for k in self._items) > self.max_file_bytes)
+            ):
+                self._items.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()

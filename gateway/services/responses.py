@@ -1,0 +1,188 @@
+"""The responses store: the workspace folder of offloaded results. Results become files; ids and paths
+the model passes resolve safely inside the folder. Offload writes here; documents reads from here;
+`clean` empties it."""
+
+from __future__ import annotations
+
+import base64
+import re
+import secrets
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gateway.services.files import atomic_write
+
+ID_PATTERN = re.compile(r"^resp_[0-9a-f]{8}$")
+_SLICE = 1 << 20
+TEXT_SUFFIXES = (".txt", ".md", ".csv", ".log")
+MIME_EXT = {
+    "image/png": "png",
+    "image/jpeg": "jpg",
+    "image/gif": "gif",
+    "image/webp": "webp",
+    "image/svg+xml": "svg",
+    "audio/wav": "wav",
+    "audio/x-wav": "wav",
+    "audio/mpeg": "mp3",
+    "audio/ogg": "ogg",
+    "application/pdf": "pdf",
+    "application/json": "json",
+    "text/plain": "txt",
+    "text/markdown": "md",
+    "text/csv": "csv",
+}
+
+
+class StoreError(Exception):
+    """A path or id the model gave that does not resolve; the message says what exists."""
+
+
+def open_command(path: Path) -> str:
+    if sys.platform == "darwin":
+        return f"open {path}"
+    if sys.platform == "win32":
+        return f'start "" "{path}"'
+    return f"xdg-open {path}"
+
+
+def saved_kind(path: Path) -> str:
+    """json, text or binary: what the exploring tools can do with a saved file."""
+    suffix = path.suffix.lower()
+    if suffix == ".json":
+        return "json"
+    return "text" if suffix in TEXT_SUFFIXES else "binary"
+
+
+def id_of(path: Path) -> str:
+    """The fileRef id of a saved file (`fs__read-a1b2c3d4.json` -> `resp_a1b2c3d4`)."""
+    return f"resp_{path.stem.rsplit('-', 1)[-1]}"
+
+
+@dataclass
+class Saved:
+    id: str
+    path: Path
+    size: int
+    kind: str  # json | text | binary
+    mime: str = ""
+
+
+class ResponseStore:
+    def __init__(self, folder: Path):
+        self.folder = folder
+
+    def ensure(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def new_id(self) -> str:
+        return f"resp_{secrets.token_hex(4)}"
+
+    def _target(self, stem: str, rid: str, ext: str) -> Path:
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", stem)[:80] or "result"
+        return self.folder / f"{safe}-{rid.removeprefix('resp_')}.{ext}"
+
+    def save_text(self, stem: str, text: str, kind: str) -> Saved:
+        """Write text atomically (temp file + rename) in 1 MB slices: no second copy of a huge payload."""
+        rid = self.new_id()
+        path = self._target(stem, rid, "json" if kind == "json" else "txt")
+        atomic_write(
+            path,
+            lambda fh: [
+                fh.write(text[i : i + _SLICE].encode("utf-8", "surrogatepass")) for i in range(0, len(text), _SLICE)
+            ],
+        )
+        return Saved(rid, path, path.stat().st_size, kind, "application/json" if kind == "json" else "text/plain")
+
+    def save_chunks(self, stem: str, chunks: Any, kind: str) -> Saved:
+        """Write text produced piece by piece (atomically); for results built while streaming."""
+        rid = self.new_id()
+        path = self._target(stem, rid, "json" if kind == "json" else "txt")
+        atomic_write(path, lambda fh: [fh.write(c.encode("utf-8", "surrogatepass")) for c in chunks])
+        return Saved(rid, path, path.stat().st_size, kind, "application/json" if kind == "json" else "text/plain")
+
+    def save_base64(self, stem: str, data: str | bytes, mime: str) -> Saved:
+        """An image, audio clip or blob as the decoded file, named by its MIME type."""
+        rid = self.new_id()
+        payload = base64.b64decode(data)
+        path = self._target(stem, rid, MIME_EXT.get(mime, "bin"))
+        atomic_write(path, payload)
+        return Saved(rid, path, len(payload), "binary", mime)
+
+    # -- resolving what the model passes --------------------------------------------------
+
+    def ids(self) -> list[str]:
+        if not self.folder.is_dir():
+            return []
+        files = sorted(
+            (p for p in self.folder.iterdir() if p.is_file() and not p.name.startswith(".")),
+            key=lambda p: p.stat().st_mtime,
+            reverse=True,
+        )
+        return [id_of(p) for p in files if "-" in p.stem]
+
+    def resolve(self, ref: Any) -> Path:
+        """A fileRef id or a path that resolves (after symlinks) inside the responses folder."""
+        if not isinstance(ref, str) or not ref.strip():
+            raise StoreError(self._missing("`path` must be a fileRef id (resp_...) or a file path"))
+        ref = ref.strip()
+        if "\x00" in ref:
+            raise StoreError("`path` contains a NUL byte")
+        if ID_PATTERN.match(ref):
+            matches = list(self.folder.glob(f"*-{ref.removeprefix('resp_')}.*")) if self.folder.is_dir() else []
+            matches = [m for m in matches if not m.name.startswith(".")]
+            if not matches:
+                raise StoreError(self._missing(f"no offloaded response has the id {ref} (it may have expired)"))
+            return matches[0]
+        candidate = Path(ref).expanduser()
+        if not candidate.is_absolute():
+            candidate = self.folder / candidate
+        try:
+            real = candidate.resolve(strict=True)
+        except (OSError, RuntimeError):
+            raise StoreError(self._missing(f"{ref} does not exist")) from None
+        root = self.folder.resolve()
+        if not real.is_relative_to(root) or real == root:
+            raise StoreError(
+                self._missing(
+                    f"{ref} is outside the response workspace {root}; only offloaded responses can be explored"
+                )
+            )
+        if not real.is_file():
+            raise StoreError(self._missing(f"{ref} is not a file"))
+        return real
+
+    def _missing(self, what: str) -> str:
+        ids = self.ids()[:8]
+        known = ", ".join(ids) if ids else "none yet"
+        return f"{what}. Known response ids (newest first): {known}."
+
+    def clear(self) -> int:
+        """Remove every saved response (the `clean` command); returns how many entries went."""
+        import shutil
+
+        count = 0
+        if self.folder.is_dir():
+            for item in self.folder.iterdir():
+                if item.is_dir():
+                    shutil.rmtree(item, ignore_errors=True)
+                else:
+                    item.unlink(missing_ok=True)
+                count += 1
+        return count
+
+    def remove_older_than(self, hours: float) -> int:
+        if not self.folder.is_dir():
+            return 0
+        cutoff = time.time() - hours * 3600
+        removed = 0
+        for item in self.folder.iterdir():
+            try:
+                if item.is_file() and item.stat().st_mtime < cutoff:
+                    item.unlink()
+                    removed += 1
+            except OSError:
+                continue
+        return removed

@@ -1,0 +1,158 @@
+"""Keyword search for memory, documents and the tool catalog: SQLite FTS5 with BM25.
+
+Each indexed text has two columns: `body` (the text, identifiers kept whole) and `extra`
+(identifier splits: `getUserName` -> `get user name`, and CJK bigrams: `세션을` -> `세션 션을`),
+so that "user name" finds `getUserName` and "세션" finds "세션을". Queries are reduced to
+quoted terms, so FTS5 syntax in user input can never raise an error.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from gateway.services.text import CJK_CLASS
+
+_CJK = CJK_CLASS
+_WORD = re.compile(rf"[{_CJK}]+|[^\W_]+(?:[_\-.][^\W_]+)*", re.UNICODE)
+_CJK_RUN = re.compile(f"^[{_CJK}]+$")
+_CAMEL = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
+MAX_QUERY_TERMS = 32
+
+
+def identifier_parts(word: str) -> list[str]:
+    """`getUserName` -> get, user, name; `snake_case-name.v2` -> snake, case, name, v2."""
+    parts: list[str] = []
+    for piece in re.split(r"[_\-./\\:]+", word):
+        if not piece:
+            continue
+        split = _CAMEL.findall(piece)
+        parts.extend(s.lower() for s in (split if len(split) > 1 else [piece]))
+    return parts
+
+
+def cjk_bigrams(run: str) -> list[str]:
+    if len(run) < 2:
+        return [run]
+    return [run[i : i + 2] for i in range(len(run) - 1)]
+
+
+def words(text: str) -> list[str]:
+    return _WORD.findall(text)
+
+
+_SPLITTABLE = re.compile(
+    rf"[{_CJK}]+"  # CJK runs: bigrams
+    r"|[A-Za-z0-9]*[a-z0-9][A-Z][A-Za-z0-9]*"  # camelCase / PascalCase humps
+    r"|[A-Z]{2,}[a-z][A-Za-z0-9]*"  # HTTPServer
+    r"|\w*[_\-./\\:][\w\-./\\:]*\w"  # snake_case, kebab-case, dotted.names, paths
+)
+
+
+def expand(text: str) -> str:
+    """The `extra` column: identifier splits and CJK bigrams. Plain words (most of any text) are
+    skipped with C-level string checks before any regex runs."""
+    out: list[str] = []
+    find = _SPLITTABLE.findall
+    for chunk in text.split():
+        if chunk.isalpha() and chunk.isascii() and (chunk.islower() or chunk.isupper() or chunk.istitle()):
+            continue
+        for word in find(chunk):
+            if _CJK_RUN.match(word):
+                out.extend(cjk_bigrams(word))
+            else:
+                parts = identifier_parts(word)
+                if len(parts) > 1:
+                    out.extend(parts)
+    return " ".join(out)
+
+
+def query_terms(query: str) -> list[str]:
+    """Search terms of a free-text query: words, identifier parts, CJK bigrams. May be empty."""
+    terms: list[str] = []
+    for word in words(query):
+        if _CJK_RUN.match(word):
+            terms.extend(cjk_bigrams(word))
+        else:
+            terms.append(word.lower())
+            parts = identifier_parts(word)
+            if len(parts) > 1:
+                terms.extend(parts)
+    # identifier parts of one character ("v2" -> "v", "2") match almost everything: keep them only alone
+    useful = [t for t in terms if len(t) > 1 or _CJK_RUN.match(t)] or terms
+    return list(dict.fromkeys(t for t in useful if t))[:MAX_QUERY_TERMS]
+
+
+def match_expression(terms: Sequence[str]) -> str:
+    """FTS5 MATCH text: every term quoted (so nothing in it is syntax), OR-ed; BM25 ranks by coverage."""
+    quoted = []
+    for term in terms:
+        safe = term.replace('"', '""')
+        quoted.append(f'"{safe}"*' if _CJK_RUN.match(term) and len(term) == 1 else f'"{safe}"')
+    return " OR ".join(quoted)
+
+
+@dataclass
+class Hit:
+    key: str
+    score: float  # higher is better
+
+
+class SearchIndex:
+    """One FTS5 table in one SQLite file (or memory). Thread-safe; each call is short."""
+
+    def __init__(self, path: Path | str, table: str = "docs", columns: Sequence[str] = ()):
+        self.table = table
+        self.columns = list(columns)  # extra UNINDEXED columns stored with each row
+        self.lock = threading.RLock()  # one connection, shared with callers that add tables of their own
+        if isinstance(path, Path):
+            path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA busy_timeout=5000")
+        extra_cols = "".join(f", {c} UNINDEXED" for c in self.columns)
+        self.db.execute(
+            f"CREATE VIRTUAL TABLE IF NOT EXISTS {table} USING fts5(key UNINDEXED{extra_cols}, body, extra, "
+            "tokenize = \"unicode61 remove_diacritics 2 tokenchars '_'\")"
+        )
+
+    def add(self, rows: Iterable[tuple[str, str, Sequence[object]]]) -> None:
+        """Rows of (key, text, extra column values)."""
+        cols = ", ".join(["key", *self.columns, "body", "extra"])
+        marks = ", ".join("?" * (len(self.columns) + 3))
+        with self.lock:
+            self.db.execute("BEGIN")
+            try:
+                self.db.executemany(
+                    f"INSERT INTO {self.table} ({cols}) VALUES ({marks})",
+                    ((key, *values, text, expand(text)) for key, text, values in rows),
+                )
+                self.db.execute("COMMIT")
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+
+    def delete(self, where: str, params: Sequence[object] = ()) -> None:
+        with self.lock:
+            self.db.execute(f"DELETE FROM {self.table} WHERE {where}", params)
+
+    def search(self, query: str, limit: int = 10, where: str = "", params: Sequence[object] = ()) -> list[Hit]:
+        terms = query_terms(query)
+        if not terms:
+            return []
+        condition = f" AND {where}" if where else ""
+        sql = (
+            f"SELECT key, -bm25({self.table}, 0, {', '.join('0' for _ in self.columns) + ', ' if self.columns else ''}"
+            f"1.0, 0.6) AS score FROM {self.table} WHERE {self.table} MATCH ?{condition} ORDER BY score DESC LIMIT ?"
+        )
+        with self.lock:
+            rows = self.db.execute(sql, (match_expression(terms), *params, limit)).fetchall()
+        return [Hit(key, score) for key, score in rows]
+
+    def close(self) -> None:
+        with self.lock:
+            self.db.close()

@@ -1,0 +1,170 @@
+"""Replacing an oversized result: its blocks saved as files, one small fileRef reply in its place."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import ijson
+import mcp_types as types
+import pydantic_core
+
+from gateway.plugin import ToolCall
+from gateway.services.responses import ResponseStore, Saved, open_command
+from gateway.services.text import human_size
+from plugins.offload import textfile
+from plugins.offload.json_file import BrokenJSON, is_small
+from plugins.offload.json_outline import outline, warm_outline
+
+INLINE_KEYS = 10
+HEAD_BYTES = 256 * 1024
+DUPLICATE_CHECK_LIMIT = 64 * 1024 * 1024
+MAX_LISTED_FILES = 6
+
+
+def looks_like_json(text: str) -> bool:
+    head = text[:64].lstrip()
+    tail = text[-64:].rstrip()
+    return bool(head) and ((head[0] == "{" and tail.endswith("}")) or (head[0] == "[" and tail.endswith("]")))
+
+
+def offload(
+    store: ResponseStore,
+    call: ToolCall,
+    result: types.CallToolResult,
+    size: int,
+    tokens: int,
+    max_size: int,
+    max_tokens: int,
+) -> types.CallToolResult | None:
+    """The result saved to files and replaced by one fileRef reply; None when nothing in it can be saved."""
+    stem = f"{call.server}__{call.tool}"
+    parts: list[tuple[str, Saved]] = []
+    inline: list[Any] = []
+    texts = [b.text for b in result.content if isinstance(b, types.TextContent)]
+    structured = result.structured_content
+    if structured is not None and not duplicates_text(structured, texts):
+        data = pydantic_core.to_json(structured).decode()
+        parts.append(("structuredContent", store.save_text(stem, data, "json")))
+    for i, block in enumerate(result.content):
+        label = f"content[{i}]"
+        if isinstance(block, types.TextContent):
+            parts.append((label, store.save_text(stem, block.text, "json" if looks_like_json(block.text) else "text")))
+        elif isinstance(block, (types.ImageContent, types.AudioContent)):
+            parts.append((f"{label} {block.mime_type}", store.save_base64(stem, block.data, block.mime_type)))
+        elif isinstance(block, types.EmbeddedResource):
+            res = block.resource
+            if isinstance(res, types.TextResourceContents):
+                kind = "json" if looks_like_json(res.text) else "text"
+                parts.append((f"{label} {res.uri}", store.save_text(stem, res.text, kind)))
+            else:
+                mime = res.mime_type or "application/octet-stream"
+                parts.append((f"{label} {res.uri}", store.save_base64(stem, res.blob, mime)))
+        else:
+            inline.append(block)  # resource links are small pointers: kept as they are
+    if not parts:
+        return None
+    _, primary = max(parts, key=lambda p: p[1].size)
+    ref: dict[str, Any] = {
+        "id": primary.id,
+        "path": str(primary.path),
+        "size": primary.size,
+        "sizeHint": human_size(primary.size),
+        "tokens": tokens,
+        "maxSizeHint": f"{human_size(max_size)} / {max_tokens} tokens",
+        "kind": primary.kind,
+    }
+    if primary.kind == "binary":
+        ref["mime"] = primary.mime
+    ref["openCmd"] = open_command(primary.path)
+    what = "error output" if result.is_error else "result"
+    ref["message"] = (
+        f"The tool's {what} ({human_size(size)}, ~{tokens} tokens) is too large for the context; "
+        "saved to a file. Explore it in small pieces; do not read the whole file."
+    )
+    reply: dict[str, Any] = {"fileRef": ref}
+    if len(parts) > 1:
+        listed = parts[:MAX_LISTED_FILES]  # the reply stays small however many blocks there are
+        reply["files"] = [
+            {"id": s.id, "part": label, "kind": s.kind, "sizeHint": human_size(s.size)} for label, s in listed
+        ]
+        if len(parts) > len(listed):
+            reply["moreFiles"] = f"{len(parts) - len(listed)} more blocks saved beside these"
+    reply["outline"] = inline_outline(primary)
+    reply["next"] = (
+        f"response_outline(path='{primary.id}')" if primary.kind != "binary" else f"open it with: {ref['openCmd']}"
+    )
+    text = json.dumps(reply, ensure_ascii=False)
+    return types.CallToolResult(
+        content=[types.TextContent(text=text), *inline], is_error=result.is_error, _meta=result.meta
+    )
+
+
+def inline_outline(saved: Saved) -> dict[str, Any]:
+    """A few lines of outline for the fileRef reply: cheap even for a huge file."""
+    if saved.kind == "binary":
+        return {"type": "binary", "mime": saved.mime}
+    if saved.kind == "text":
+        with open(saved.path, encoding="utf-8", errors="replace") as fh:
+            head = [line for _, line in zip(range(3), fh, strict=False)]
+        return {"type": "text", "firstLines": textfile.head_preview("".join(head))}
+    if is_small(saved.path):
+        try:
+            full = outline(saved.path)
+        except BrokenJSON as exc:
+            return {"type": "text", "note": f"looks like JSON but {exc}"}
+        out = {"type": full["type"]}
+        if "keys" in full:
+            out["keys"] = full["keys"][:INLINE_KEYS]
+        counts = {k: v for k, v in full["itemCount"].items() if k.count(".") <= 1}
+        out["itemCount"] = dict(itertools.islice(counts.items(), 5))
+        return out
+    warm_outline(saved.path)  # counts and samples are ready by the model's next call
+    return _head_outline(saved.path)
+
+
+# -- the exploration tools -----------------------------------------------------------------------
+
+
+def duplicates_text(structured: Any, texts: list[str]) -> bool:
+    """True when structuredContent repeats a text block (e.g. {"content": <the text>})."""
+    if not texts:
+        return False
+    if isinstance(structured, dict) and any(isinstance(v, str) and v in texts for v in structured.values()):
+        return True
+    encoded = pydantic_core.to_json(structured)
+    for text in texts:
+        if len(encoded) == len(text) and encoded.decode() == text:
+            return True
+        # the same JSON with other spacing (json.dumps defaults): compare parsed values
+        if looks_like_json(text) and 0.8 * len(encoded) <= len(text) <= 1.6 * len(encoded) <= DUPLICATE_CHECK_LIMIT:
+            try:
+                if json.loads(text) == structured:
+                    return True
+            except ValueError:
+                continue
+    return False
+
+
+def _head_outline(path: Path) -> dict[str, Any]:
+    """Root type and the keys seen in the first 256 KB: cheap, for the fileRef of a huge JSON."""
+    with open(path, "rb") as fh:
+        head = fh.read(HEAD_BYTES)
+    root, keys = "unknown", []
+    try:
+        for prefix, event, value in ijson.parse(head):
+            if prefix == "" and event in ("start_map", "start_array"):
+                root = "object" if event == "start_map" else "array"
+            elif prefix == "" and event == "map_key":
+                keys.append(value)
+                if len(keys) >= INLINE_KEYS:
+                    break
+    except ijson.JSONError:
+        pass
+    out: dict[str, Any] = {"type": root}
+    if keys:
+        out["keys"] = keys
+    out["note"] = "partial (large file): response_outline gives item counts and samples"
+    return out

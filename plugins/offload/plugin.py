@@ -1,0 +1,153 @@
+"""The offload plugin: hooks that replace oversized results, and the exploring tools."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import ijson
+import mcp_types as types
+from pydantic import BaseModel, ConfigDict
+
+from gateway.args import Args, ToolInputError
+from gateway.handlers import guarded, tool
+from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall
+from gateway.services.costs import result_cost
+from gateway.services.responses import StoreError
+from plugins.offload import fileref
+from plugins.offload.explore import MODES, Explorer
+from plugins.offload.json_file import BrokenJSON
+from plugins.offload.paths import PathError
+
+log = logging.getLogger("plugins.offload")
+
+PATH = {"type": "string", "description": "fileRef id (resp_...) or file path"}
+JSON_PATH = {"type": "string", "description": "e.g. data.0.name or $.data[0].name; -1 = last"}
+
+
+class OffloadSettings(BaseModel):
+    """`[plugins.offload]`"""
+
+    model_config = ConfigDict(extra="forbid")
+    response_ttl_hours: float = 48  # offloaded files older than this are removed at start
+
+
+class OffloadPlugin(Plugin):
+    name = "offload"
+    order = 100  # first: the plugins after it (the monitor) see the fileRef, not the oversized result
+    settings_model = OffloadSettings
+
+    def __init__(self) -> None:
+        self.ctx: GatewayContext | None = None
+        self.explorer: Explorer | None = None
+        self.offloaded = 0
+        self.settings = OffloadSettings()
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self, ctx: GatewayContext) -> None:
+        self.ctx = ctx
+        self.explorer = Explorer(ctx.responses, lambda: ctx.window.max_response_tokens(None))
+        ttl = self.settings.response_ttl_hours
+        removed = ctx.responses.remove_older_than(ttl)
+        if removed:
+            log.info("removed %d offloaded responses older than %s h", removed, ttl)
+        if not ijson.backend.startswith("yajl2_c"):
+            log.warning("ijson runs on its %s backend, not the C one: large JSON files will be slow", ijson.backend)
+
+    def _ctx(self) -> GatewayContext:
+        assert self.ctx is not None, "offload plugin not started"
+        return self.ctx
+
+    def status(self, session_id: str) -> dict[str, Any]:
+        return {"offloaded": self.offloaded, "ijson": ijson.backend}
+
+    # -- hooks ----------------------------------------------------------------------------------
+
+    async def on_tools_listed(self, tools: list[types.Tool], session_id: str) -> list[types.Tool]:
+        # Hosts validate structuredContent against outputSchema and would reject a fileRef.
+        upstream = self._ctx().routing.tool_routes
+        return [
+            t.model_copy(update={"output_schema": None}) if t.name in upstream and t.output_schema else t for t in tools
+        ]
+
+    async def on_tool_result(self, call: ToolCall, result: types.CallToolResult) -> types.CallToolResult:
+        if call.server is None:
+            return result
+        window = self._ctx().window
+        max_size, max_tokens = window.max_response_size(call.server), window.max_response_tokens(call.server)
+        size, tokens = result_cost(result)
+        if size <= max_size and tokens <= max_tokens:
+            return result
+        replaced = await anyio.to_thread.run_sync(
+            fileref.offload, self._ctx().responses, call, result, size, tokens, max_size, max_tokens
+        )
+        if replaced is None:
+            return result
+        self.offloaded += 1
+        return replaced
+
+    # -- the exploration tools -----------------------------------------------------------------------
+
+    def tools(self) -> list[PluginTool]:
+        path = {"path": PATH}
+        handle = self._tool
+        return [
+            tool(
+                "response_outline",
+                "Outline an offloaded result (fileRef id): type, keys, item counts, samples "
+                "and ready-to-use hints. Call this first; never read the whole file.",
+                handle(lambda: self._explorer().outline),
+                path,
+                ["path"],
+            ),
+            tool(
+                "response_compress",
+                "A smaller view of an offloaded JSON result: first_of_array, sample_array, "
+                "truncate_strings, keys_only or select_keys, optionally below json_path.",
+                handle(lambda: self._explorer().compress),
+                path
+                | {
+                    "mode": {"type": "string", "enum": list(MODES)},
+                    "json_path": JSON_PATH,
+                    "array_head": {"type": "integer"},
+                    "array_tail": {"type": "integer"},
+                    "max_length": {"type": "integer"},
+                    "keys": {"type": "array", "items": {"type": "string"}},
+                },
+                ["path", "mode"],
+            ),
+            tool(
+                "response_slice",
+                "One value of an offloaded JSON result by json_path, or a line range "
+                "(start_line, end_line) of any text result.",
+                handle(lambda: self._explorer().slice),
+                path | {"json_path": JSON_PATH, "start_line": {"type": "integer"}, "end_line": {"type": "integer"}},
+                ["path"],
+            ),
+            tool(
+                "response_search",
+                "Find lines (text) or records (JSON) of an offloaded result containing the "
+                "query words; ranked, with paths or line numbers.",
+                handle(lambda: self._explorer().search),
+                path | {"query": {"type": "string"}, "limit": {"type": "integer"}, "offset": {"type": "integer"}},
+                ["path", "query"],
+            ),
+        ]
+
+    def _explorer(self) -> Explorer:
+        assert self.explorer is not None, "offload plugin not started"
+        return self.explorer
+
+    def _tool(self, handler: Any) -> Any:
+        async def threaded(args: Args, call: ToolCall) -> dict[str, Any]:
+            try:
+                return await anyio.to_thread.run_sync(handler(), args)  # file work stays off the event loop
+            except UnicodeDecodeError:
+                raise ToolInputError("the file is not UTF-8 text; open it with its openCmd instead") from None
+            except BrokenJSON as exc:
+                raise ToolInputError(str(exc)) from None
+
+        return guarded(threaded, (StoreError, PathError))

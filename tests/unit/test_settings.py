@@ -1,0 +1,50 @@
+"""gateway.settings: file < environment < command line; plugin tables; host mcp.json; clear errors."""
+
+from pathlib import Path
+
+import pytest
+
+from gateway.settings import ConfigError, load_settings
+
+
+def write(tmp_path: Path, text: str, name: str = "g.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_precedence_and_flat_names(tmp_path: Path) -> None:
+    cfg = write(tmp_path, "[gateway]\nbudget = 1000\n[plugins.offload]\nresponse_ttl_hours = 1\n")
+    assert load_settings(cfg, environ={}).gateway.budget == 1000
+    env = {"CTX_BUDGET": "2000", "CTX_RESPONSE_TTL_HOURS": "7", "CTX_INGEST_ROOTS": "/a:/b"}
+    from_env = load_settings(cfg, environ=env)
+    assert from_env.gateway.budget == 2000
+    assert from_env.plugins == {"offload": {"response_ttl_hours": "7"}, "documents": {"ingest_roots": "/a:/b"}}
+    cli = load_settings(cfg, {"budget": 3000, "ingest_root": ["/c"], "ingest_roots": ["/d"]}, environ=env)
+    assert cli.gateway.budget == 3000 and cli.plugins["documents"]["ingest_roots"] == ["/c", "/d"]
+
+
+def test_plugins_lists(tmp_path: Path) -> None:
+    assert load_settings(None, environ={}).gateway.plugins is None  # every installed plugin
+    s = load_settings(None, environ={"CTX_PLUGINS": "offload, monitor", "CTX_DISABLED_PLUGINS": "memory"})
+    assert s.gateway.plugins == ["offload", "monitor"] and s.gateway.disabled_plugins == ["memory"]
+
+
+def test_host_mcp_json(tmp_path: Path) -> None:
+    cfg = write(tmp_path, '{"mcpServers": {"my fs": {"command": "npx", "args": ["-y", "x"]}}}', "mcp.json")
+    assert load_settings(cfg, environ={}).servers["my-fs"].args == ["-y", "x"]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[gateway]\nbudgte = 1\n", "gateway.budgte: Extra inputs are not permitted"),
+        ("[gateway]\nmax_response_size = 10\n", "max_response_size must be between 256"),
+        ("[servers.a]\ncommand = 'x'\nurl = 'http://y'\n", "give either `command`"),
+        ("[gateway]\ntransport = 'http'\nhost = '0.0.0.0'\n", "set auth_token"),
+        ("[gateway\n", "is not valid TOML"),
+    ],
+)
+def test_errors_are_one_clear_message(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        load_settings(write(tmp_path, text), environ={})
