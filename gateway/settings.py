@@ -178,6 +178,13 @@ class GatewaySettings(BaseModel):
         return self.workspace / "responses"
 
 
+class HostSettings(BaseModel):
+    """`[hosts."<clientInfo name>"]`: what the gateway should assume for one host."""
+
+    model_config = ConfigDict(extra="forbid")
+    context_window: int = Field(0, ge=0)
+
+
 class LLMSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     base_url: str = "http://localhost:1234/v1"
@@ -210,6 +217,7 @@ class Settings(BaseSettings):
     llm: LLMSettings = Field(default_factory=LLMSettings)
     servers: dict[str, ServerConfig] = Field(default_factory=dict)
     plugins: dict[str, dict[str, Any]] = Field(default_factory=dict)  # `[plugins.<name>]`, validated by each plugin
+    hosts: dict[str, HostSettings] = Field(default_factory=dict)  # `[hosts."<clientInfo name>"]`
     config_path: Path | None = None
 
     @classmethod

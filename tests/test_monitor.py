@@ -22,7 +22,11 @@ def cl100k(text: str) -> int:
 
 
 def notes_of(result: types.CallToolResult) -> list[str]:
-    return [b.text for b in result.content if isinstance(b, types.TextContent) and b.text.startswith("Context note")]
+    return [
+        b.text
+        for b in result.content
+        if isinstance(b, types.TextContent) and b.text.startswith(("Context warning", "Context critical"))
+    ]
 
 
 async def test_levels_debounce_and_escalation(tmp_path: Path) -> None:
@@ -46,8 +50,8 @@ async def test_levels_debounce_and_escalation(tmp_path: Path) -> None:
             notes = notes_of(result)
             assert text_of(result).startswith(chunk)  # the result itself is unchanged
             seen.append((status["remaining_pct"], notes[0] if notes else None))
-        warnings = [(i, r) for i, (r, n) in enumerate(seen) if n and not n.startswith("Context note: only")]
-        criticals = [(i, r) for i, (r, n) in enumerate(seen) if n and n.startswith("Context note: only")]
+        warnings = [(i, r) for i, (r, n) in enumerate(seen) if n and n.startswith("Context warning: ")]
+        criticals = [(i, r) for i, (r, n) in enumerate(seen) if n and n.startswith("Context critical: only")]
         quiet_above = [n for r, n in seen if r > 35 and n]
         assert not quiet_above, "no note while more than 35% remains"
         first = warnings[0][0]
@@ -127,7 +131,7 @@ def test_hook_levels_debounce_and_statusline(tmp_path: Path) -> None:
     code, out, _ = run_hook(status, tmp_path, "--statusline")
     assert code == 0 and out.strip() == "ctx 28% left"
     saved = json.loads((tmp_path / "claude-ctx-sl-1.json").read_text())
-    assert saved["remaining_percentage"] == pytest.approx(28.5)
+    assert saved["remaining_percentage"] == pytest.approx(28.5) and saved["context_window_size"] == 200000
     assert (
         "about 28%"
         in json.loads(run_hook(json.dumps({"session_id": "sl-1"}), tmp_path)[1])["hookSpecificOutput"][

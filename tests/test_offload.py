@@ -79,7 +79,8 @@ async def test_images_blobs_multi_block_structured_and_errors(tmp_path: Path) ->
     async with inproc(offload_settings(tmp_path, max_response_size=4096)) as (_, session):
         image = ref_of(await call(session, "p__big", {"size": 20_000, "kind": "image"}))["fileRef"]
         assert image["kind"] == "binary" and image["mime"] == "image/png" and image["path"].endswith(".png")
-        assert image["size"] == 20_000
+        assert image["fileSize"] == 20_000  # the PNG on disk
+        assert image["size"] == 26_668 and image["tokens"] == 1600  # the base64 in the result; an image's cost
         outline = await call(session, "response_outline", {"path": image["id"]})
         assert outline.structured_content["type"] == "binary"
         sliced = await call(session, "response_slice", {"path": image["id"], "start_line": 1, "end_line": 2})

@@ -82,6 +82,9 @@ def statusline(payload: dict[str, Any], folder: Path | None = None) -> str:
         "used_pct": 100 - remaining,
         "timestamp": time.time(),
     }
+    size = window.get("context_window_size")
+    if isinstance(size, int) and size > 0:
+        bridge["context_window_size"] = size  # the gateway takes the host's own window from here
     atomic_write(bridge_path(sid, folder), json.dumps(bridge), sync=False)
     return f"ctx {remaining:.0f}% left"
 

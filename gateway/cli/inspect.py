@@ -32,7 +32,7 @@ async def inspect_report(settings: Settings) -> tuple[str, bool]:
         own = [spec.tool for spec in gateway.own_tools.values()]
         rows.append(["(gateway)", "-", "ok", str(len(own)), str(definition_tokens(own))])
         listed = await gateway.listed_tools("inspect")
-        mode, reason = gateway.catalog_mode.decide()
+        mode, reason = gateway.catalog_mode.decide("inspect")
         upstream_all = list(gateway.routing.tools.values())
         meta = [spec.tool for spec in gateway.meta_tools.values()]
         pinned = [
@@ -49,7 +49,8 @@ async def inspect_report(settings: Settings) -> tuple[str, bool]:
             f" tokens; catalog mode {len(own) + len(meta) + len(pinned)} tools, "
             f"~{definition_tokens(own + meta + pinned)} tokens",
             gateway.llm.describe(),
-            f"budget {gateway.window.budget()} tokens, window {gateway.window.size()} tokens",
+            f"window {gateway.window.for_session('inspect').describe()}; budget {gateway.window.budget('inspect')} "
+            f"tokens; results above {gateway.window.max_response_tokens(None, 'inspect')} tokens are offloaded",
         ]
         for line in gateway.routing.collisions:
             ok = False

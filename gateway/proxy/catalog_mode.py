@@ -33,7 +33,7 @@ def one_line(text: str | None, limit: int = 120) -> str:
 
 
 class CatalogMode:
-    def __init__(self, routing: RoutingTable, call: CallFn, window: Callable[[], int]):
+    def __init__(self, routing: RoutingTable, call: CallFn, window: Callable[[str | None], int]):
         self.routing = routing
         self._call = call
         self._window = window
@@ -51,8 +51,8 @@ class CatalogMode:
             return cfg.tool_mode
         return global_mode
 
-    def decide(self) -> tuple[str, str]:
-        """(mode, reason) for the global setting; `auto` picks catalog above a quarter of the window."""
+    def decide(self, session_id: str | None = None) -> tuple[str, str]:
+        """(mode, reason) for the global setting; `auto` picks catalog above a quarter of the host's window."""
         setting = self.routing.settings.gateway.tool_mode
         if setting != "auto":
             return setting, f"tool_mode = {setting}"
@@ -61,21 +61,22 @@ class CatalogMode:
             for name, t in self.routing.tools.items()
             if not self.routing.upstreams[self.routing.tool_routes[name].server].config.pin
         ]
-        cost, quarter = definition_tokens(unpinned), self._window() // 4
+        window = self._window(session_id)
+        cost, quarter = definition_tokens(unpinned), window // 4
         if cost > quarter:
             return (
                 "catalog",
-                f"auto: upstream definitions take ~{cost} tokens, more than 1/4 of the {self._window()}-token window",
+                f"auto: upstream definitions take ~{cost} tokens, more than 1/4 of the {window}-token window",
             )
         return (
             "direct",
-            f"auto: upstream definitions take ~{cost} tokens, within 1/4 of the {self._window()}-token window",
+            f"auto: upstream definitions take ~{cost} tokens, within 1/4 of the {window}-token window",
         )
 
-    def listing(self) -> tuple[bool, list[types.Tool]]:
+    def listing(self, session_id: str | None = None) -> tuple[bool, list[types.Tool]]:
         """(whether any upstream is behind the catalog, the upstream tools listed directly), from one
         decision: in auto mode deciding estimates every definition, so it is done once per listing."""
-        mode, _ = self.decide()
+        mode, _ = self.decide(session_id)
         modes = {server: self._server_mode(server, mode) for server in self.routing.upstreams}
         direct = [
             t for name, t in self.routing.tools.items() if modes[self.routing.tool_routes[name].server] == "direct"

@@ -62,6 +62,18 @@ def session_id_of(ctx: ServerRequestContext[Any]) -> str:
     return "stdio"
 
 
+def client_name(ctx: ServerRequestContext[Any]) -> str | None:
+    """The name the host gave in `clientInfo`: at `initialize`, or in each request's `_meta` (2026-07-28)."""
+    params = getattr(ctx.session, "client_params", None)
+    info = getattr(params, "client_info", None)
+    if info is not None and getattr(info, "name", None):
+        return info.name
+    raw = (ctx.params or {}).get("_meta") if isinstance(ctx.params, dict) else None
+    envelope = raw.get(types.CLIENT_INFO_META_KEY) if isinstance(raw, dict) else None
+    name = envelope.get("name") if isinstance(envelope, dict) else None
+    return name if isinstance(name, str) else None
+
+
 def forwardable_meta(meta: Any) -> dict[str, Any]:
     """The host's `_meta` minus what belongs to the host's own connection: its progress token
     (the SDK sets its own) and the 2026 envelope keys (the upstream session speaks its own era)."""
@@ -97,7 +109,7 @@ class Gateway:
         self.llm = ModelEndpoint(settings.llm, workspace)
         self.window = ContextWindow(settings, self.llm)
         self.routing = RoutingTable(settings, self.upstreams)
-        self.catalog_mode = CatalogMode(self.routing, self.call, self.window.size)
+        self.catalog_mode = CatalogMode(self.routing, self.call, self._auto_window)
         self.context = GatewayContext(
             settings=settings,
             routing=self.routing,
@@ -115,6 +127,10 @@ class Gateway:
         self.bus = InMemorySubscriptionBus()
         self._listed: tuple[Any, ...] = ()
         self.server = self._build_server()
+
+    def _auto_window(self, session_id: str | None) -> int:
+        """The window catalog mode `auto` compares against: the host's, else (unknown) twice the budget."""
+        return self.window.size(session_id) or 2 * self.window.budget(session_id)
 
     def _collect_tools(self) -> None:
         """Plugin tools and catalog mode's meta-tools, dispatched the same way; their names are reserved."""
@@ -174,6 +190,7 @@ class Gateway:
 
     def _remember_host(self, ctx: ServerRequestContext[Any]) -> str:
         sid = session_id_of(ctx)
+        self.window.note_host(sid, client_name(ctx))
         self.hosts[sid] = ctx.session
         self.hosts.move_to_end(sid)
         while len(self.hosts) > MAX_HOSTS:
@@ -252,15 +269,15 @@ class Gateway:
         server.middleware = []
         return server
 
-    def visible_tools(self) -> list[types.Tool]:
+    def visible_tools(self, session_id: str | None = None) -> list[types.Tool]:
         """What the host is shown: the gateway's own tools, the catalog meta-tools when any upstream is
         behind the catalog, then the upstream tools listed directly."""
-        behind_catalog, direct = self.catalog_mode.listing()
+        behind_catalog, direct = self.catalog_mode.listing(session_id)
         meta = [spec.tool for spec in self.meta_tools.values()] if behind_catalog else []
         return [spec.tool for spec in self.own_tools.values()] + meta + direct
 
     async def listed_tools(self, session_id: str) -> list[types.Tool]:
-        return await self.pipeline.on_tools_listed(self.visible_tools(), session_id)
+        return await self.pipeline.on_tools_listed(self.visible_tools(session_id), session_id)
 
     async def _list_tools(self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
         sid = self._remember_host(ctx)

@@ -8,6 +8,7 @@ what they had asked for.
 from __future__ import annotations
 
 import json
+import os
 import re
 import tempfile
 import time
@@ -60,15 +61,15 @@ class Debounce:
 
 
 def note_text(level: str, remaining_pct: float, window: int | None, source: str) -> str:
-    """The note appended to a tool result (<= 60 tokens)."""
+    """The note appended to a tool result (<= 60 tokens); it names its level, and stays advisory."""
     size = f" of the {window // 1000}k-token window" if window else ""
     left = f"about {max(0, round(remaining_pct))}%{size} is left ({source})"
     if level == "CRITICAL":
         return (
-            f"Context note: only {left}. Consider saving what you still need with context_append, then "
+            f"Context critical: only {left}. Consider saving what you still need with context_append, then "
             "context_compact, and keep tool results small."
         )
-    return f"Context note: {left}. Consider saving key facts with context_append and running context_compact."
+    return f"Context warning: {left}. Consider saving key facts with context_append and running context_compact."
 
 
 def safe_session_id(session_id: Any) -> str | None:
@@ -81,8 +82,16 @@ def bridge_path(session_id: str, folder: Path | None = None) -> Path:
     return (folder or Path(tempfile.gettempdir())) / f"claude-ctx-{session_id}.json"
 
 
-def read_bridge(path: Path, now: float | None = None) -> float | None:
-    """`remaining_percentage` from a statusline bridge file, or None when missing, broken or stale."""
+@dataclass(frozen=True)
+class HostFigure:
+    """What a host reported about its own context: remaining %, and its window when it said so."""
+
+    remaining_pct: float
+    window: int | None = None
+
+
+def read_bridge_figure(path: Path, now: float | None = None) -> HostFigure | None:
+    """The figure in a statusline bridge file, or None when missing, broken or stale."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         remaining = float(data["remaining_percentage"])
@@ -93,17 +102,49 @@ def read_bridge(path: Path, now: float | None = None) -> float | None:
         stamp /= 1000
     if (now or time.time()) - stamp > STALE_SECONDS or not 0 <= remaining <= 100:
         return None
-    return remaining
+    window = data.get("context_window_size")
+    return HostFigure(remaining, window if isinstance(window, int) and window > 0 else None)
 
 
-def fresh_bridges(folder: Path | None = None, now: float | None = None) -> list[tuple[str, float]]:
-    """(session id, remaining %) of every fresh bridge file in the temp folder."""
+def read_bridge(path: Path, now: float | None = None) -> float | None:
+    """`remaining_percentage` from a statusline bridge file, or None when missing, broken or stale."""
+    figure = read_bridge_figure(path, now)
+    return figure.remaining_pct if figure else None
+
+
+def fresh_bridges(folder: Path | None = None, now: float | None = None) -> list[tuple[str, HostFigure]]:
+    """(session id, figure) of every fresh bridge file in the temp folder."""
     out = []
     for path in (folder or Path(tempfile.gettempdir())).glob("claude-ctx-*.json"):
         sid = path.name[len("claude-ctx-") : -len(".json")]
         if sid.endswith(".state") or safe_session_id(sid) is None:
             continue
-        remaining = read_bridge(path, now)
-        if remaining is not None:
-            out.append((sid, remaining))
+        figure = read_bridge_figure(path, now)
+        if figure is not None:
+            out.append((sid, figure))
     return out
+
+
+class HostBridge:
+    """The host's own figure from a fresh statusline bridge file for the session the gateway serves: the
+    one named by CTX_HOST_SESSION_ID, else the only fresh one. Looked up at most once a second (listing
+    the temp folder on every call cost more than the rest of the monitor)."""
+
+    RECHECK_SECONDS = 1.0
+
+    def __init__(self) -> None:
+        self._checked = -self.RECHECK_SECONDS
+        self._value: HostFigure | None = None
+
+    def current(self) -> HostFigure | None:
+        now = time.monotonic()
+        if now - self._checked < self.RECHECK_SECONDS:
+            return self._value
+        wanted = os.environ.get("CTX_HOST_SESSION_ID")
+        if wanted:
+            value = read_bridge_figure(bridge_path(wanted))
+        else:
+            fresh = fresh_bridges()
+            value = fresh[0][1] if len(fresh) == 1 else None
+        self._checked, self._value = now, value
+        return value

@@ -1,14 +1,26 @@
-"""What things cost in the model's context, counted one way for every part that reports it."""
+"""What things cost in the model's context, counted one way for every part that reports it.
+
+A result costs what the host puts in front of the model. Hosts show the model either the text
+blocks or the `structuredContent` (a client that reads one ignores the other), so when one is a
+copy of the other it is counted once, the larger of the two, not the sum. Images and audio cost
+what `media` says, never their base64 length.
+"""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import mcp_types as types
 import pydantic_core
 
+from gateway.services.media import audio_tokens, image_tokens
 from gateway.services.text import utf8_size
 from gateway.services.tokens import estimate_tokens
+
+DUPLICATE_CHECK_LIMIT = 64 * 1024 * 1024  # larger JSON texts are compared only when byte-identical
 
 
 def definition_tokens(tools: Sequence[types.Tool]) -> int:
@@ -16,26 +28,80 @@ def definition_tokens(tools: Sequence[types.Tool]) -> int:
     return sum(estimate_tokens(tool.model_dump_json(by_alias=True, exclude_none=True)) for tool in tools)
 
 
-def result_cost(result: types.CallToolResult) -> tuple[int, int]:
-    """Bytes and tokens of everything the model would receive: all blocks and structuredContent."""
-    size = tokens = 0
-    for block in result.content:
-        if isinstance(block, types.TextContent):
-            size += utf8_size(block.text)
-            tokens += estimate_tokens(block.text)
-        elif isinstance(block, (types.ImageContent, types.AudioContent)):
-            size += len(block.data)
-        elif isinstance(block, types.EmbeddedResource):
-            res = block.resource
-            if isinstance(res, types.TextResourceContents):
-                size += utf8_size(res.text)
-                tokens += estimate_tokens(res.text)
-            else:
-                size += len(res.blob)
-        else:
-            size += len(block.model_dump_json())
+@dataclass(frozen=True)
+class Cost:
+    size: int  # bytes
+    tokens: int
+    duplicate: int | None = None  # index of the text block that structuredContent repeats (counted once)
+
+
+def looks_like_json(text: str) -> bool:
+    head = text[:64].lstrip()
+    tail = text[-64:].rstrip()
+    return bool(head) and ((head[0] == "{" and tail.endswith("}")) or (head[0] == "[" and tail.endswith("]")))
+
+
+def duplicated_text(structured: Any, texts: list[str]) -> int | None:
+    """The index of the text block that `structuredContent` repeats: the same JSON (any spacing), or an
+    object one of whose string values is that text (`{"content": <the text>}`, as the filesystem server
+    sends). None when it carries something of its own."""
+    if not texts or structured is None:
+        return None
+    if isinstance(structured, dict):
+        for value in structured.values():
+            if isinstance(value, str):
+                for i, text in enumerate(texts):
+                    if len(value) == len(text) and value == text:
+                        return i
+    encoded = pydantic_core.to_json(structured)
+    for i, text in enumerate(texts):
+        if len(encoded) == len(text) and encoded.decode() == text:
+            return i
+        if looks_like_json(text) and 0.8 * len(encoded) <= len(text) <= 1.6 * len(encoded) <= DUPLICATE_CHECK_LIMIT:
+            try:
+                if json.loads(text) == structured:
+                    return i
+            except ValueError:
+                continue
+    return None
+
+
+def _block_cost(block: Any) -> tuple[int, int]:
+    if isinstance(block, types.TextContent):
+        return utf8_size(block.text), estimate_tokens(block.text)
+    if isinstance(block, types.ImageContent):
+        return len(block.data), image_tokens(block.data)
+    if isinstance(block, types.AudioContent):
+        return len(block.data), audio_tokens(block.data)
+    if isinstance(block, types.EmbeddedResource):
+        res = block.resource
+        if isinstance(res, types.TextResourceContents):
+            return utf8_size(res.text), estimate_tokens(res.text)
+        mime = res.mime_type or ""
+        if mime.startswith("image/"):
+            return len(res.blob), image_tokens(res.blob)
+        if mime.startswith("audio/"):
+            return len(res.blob), audio_tokens(res.blob)
+        return len(res.blob), estimate_tokens(res.blob)  # shown as base64 text, if at all
+    wire = block.model_dump_json(by_alias=True, exclude_none=True)  # resource links: small pointers
+    return len(wire), estimate_tokens(wire)
+
+
+def result_cost(result: types.CallToolResult) -> Cost:
+    """Bytes and tokens of what the model receives from this result (see the module docstring)."""
+    costs = [_block_cost(block) for block in result.content]
+    size, tokens = sum(c[0] for c in costs), sum(c[1] for c in costs)
+    duplicate = None
     if result.structured_content is not None:
         data = pydantic_core.to_json(result.structured_content)
-        size += len(data)
-        tokens += estimate_tokens(data.decode())
-    return size, tokens
+        s_size, s_tokens = len(data), estimate_tokens(data.decode())
+        text_blocks = [(i, b.text) for i, b in enumerate(result.content) if isinstance(b, types.TextContent)]
+        found = duplicated_text(result.structured_content, [t for _, t in text_blocks])
+        if found is None:
+            size, tokens = size + s_size, tokens + s_tokens
+        else:
+            duplicate = text_blocks[found][0]
+            t_size, t_tokens = costs[duplicate]
+            size += max(0, s_size - t_size)
+            tokens += max(0, s_tokens - t_tokens)
+    return Cost(size, tokens, duplicate)

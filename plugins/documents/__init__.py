@@ -249,9 +249,9 @@ class DocumentsPlugin(Plugin):
             tool("doc_forget", "Remove an ingested document and its chunks.", handle(self.forget), doc, ["doc_id"]),
         ]
 
-    def _budget(self) -> int:
+    def _budget(self, session_id: str | None = None) -> int:
         assert self.ctx is not None
-        return self.ctx.window.budget()
+        return self.ctx.window.budget(session_id)
 
     def _store(self) -> DocumentStore:
         assert self.store is not None
@@ -358,7 +358,7 @@ class DocumentsPlugin(Plugin):
         query = args.str("query", required=True, max_len=2000)
         doc_id = args.str("doc_id")
         limit = args.int("limit", 5, lo=1, hi=50)
-        max_tokens = args.int("max_tokens", self._budget() // 2, lo=50, hi=1_000_000)
+        max_tokens = args.int("max_tokens", self._budget(call.session_id) // 2, lo=50, hi=1_000_000)
         store = self._store()
         if doc_id:
             await anyio.to_thread.run_sync(self._ensure, doc_id)
@@ -400,7 +400,7 @@ class DocumentsPlugin(Plugin):
             raise ToolInputError(
                 f"doc_window: {doc_id} has {total} chunks (0..{total - 1}); start {start} is past the end"
             )
-        budget = self._budget() // 2
+        budget = self._budget(call.session_id) // 2
         chunks = self._store().chunks(doc_id, start, min(end, total - 1))
         shown, used = [], 0
         for chunk in chunks:

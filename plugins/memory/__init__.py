@@ -19,6 +19,7 @@ from gateway.args import Args
 from gateway.handlers import guarded, tool
 from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall
 from gateway.services.model_endpoint import LLMUnavailable
+from gateway.services.tokens import estimate_tokens
 from plugins.memory.guide import GUIDE
 from plugins.memory.sessions import RecallIndex, Session, SessionError, check_session_id
 from plugins.memory.summary import INSTRUCTION, fallback_summary, with_identifiers
@@ -63,12 +64,12 @@ class MemoryPlugin(Plugin):
         session.refresh()
         return session
 
-    def _budget(self) -> int:
+    def _budget(self, session_id: str | None = None) -> int:
         assert self.ctx is not None
-        return self.ctx.window.budget()
+        return self.ctx.window.budget(session_id)
 
-    def _usage(self, session: Session) -> dict[str, Any]:
-        used, budget = session.used_tokens(), self._budget()
+    def _usage(self, session: Session, session_id: str) -> dict[str, Any]:
+        used, budget = session.used_tokens(), self._budget(session_id)
         out: dict[str, Any] = {"tokens_used": used, "budget": budget}
         if used >= NEAR_BUDGET * budget:
             out["warning"] = (
@@ -146,7 +147,7 @@ class MemoryPlugin(Plugin):
             "entries": len(active),
             "pinned": pinned,
             "last_compaction": session.last_compaction,
-            **self._usage(session),
+            **self._usage(session, call.session_id),
             "log": str(session.log.path),
         }
 
@@ -155,7 +156,7 @@ class MemoryPlugin(Plugin):
         pinned = args.bool("pinned", False)
         session = self._session(args.raw["session_id"])
         entry = await anyio.to_thread.run_sync(session.append_entry, text, pinned)
-        return {"id": entry.id, "tokens": entry.tokens, "pinned": pinned, **self._usage(session)}
+        return {"id": entry.id, "tokens": entry.tokens, "pinned": pinned, **self._usage(session, call.session_id)}
 
     async def status_tool(self, args: Args, call: ToolCall) -> dict[str, Any]:
         assert self.ctx is not None
@@ -163,12 +164,13 @@ class MemoryPlugin(Plugin):
         active = session.active()
         out: dict[str, Any] = {
             "session_id": session.id,
-            **self._usage(session),
+            **self._usage(session, call.session_id),
             "entries": len(active),
             "pinned": sum(e.pinned for e in active),
             "superseded": len(session.entries) - len(active),
             "last_compaction": session.last_compaction,
             "token_counts": self.ctx.llm.describe(),
+            "window": self.ctx.window.for_session(call.session_id).describe(),
         }
         figures = {k: v for k, v in self.ctx.status(call.session_id).items() if k != self.name}
         if figures:
@@ -178,7 +180,7 @@ class MemoryPlugin(Plugin):
     async def compact(self, args: Args, call: ToolCall) -> dict[str, Any]:
         assert self.ctx is not None
         keep_recent = args.int("keep_recent", 5, lo=0, hi=10_000)
-        target = args.int("target_tokens", max(200, self._budget() // 4), lo=50, hi=100_000)
+        target = args.int("target_tokens", max(200, self._budget(call.session_id) // 4), lo=50, hi=100_000)
         dry_run = args.bool("dry_run", False)
         session = self._session(args.raw["session_id"])
         active = session.active()
@@ -206,6 +208,15 @@ class MemoryPlugin(Plugin):
         except LLMUnavailable as exc:
             summary = fallback_summary(fold, target)
             writer = f"fallback (extractive; model endpoint unavailable: {exc})"
+        folded_tokens = sum(e.tokens for e in fold)
+        summary_tokens = estimate_tokens(summary)
+        if summary_tokens >= folded_tokens:  # compaction must never grow a session
+            return {
+                "folded": 0,
+                "note": f"nothing folded: the summary ({summary_tokens} tokens, {writer.split(' (')[0]}) would not be "
+                f"smaller than the {len(fold)} notes it replaces ({folded_tokens} tokens); the notes stay as they are",
+                "tokens_used": before,
+            }
         entry = await anyio.to_thread.run_sync(session.append_compaction, summary, fold, writer.split(" (")[0])
         return {
             "folded": len(fold),
@@ -220,7 +231,7 @@ class MemoryPlugin(Plugin):
     async def recall(self, args: Args, call: ToolCall) -> dict[str, Any]:
         assert self.recall_index is not None
         query = args.str("query", "", max_len=2000) or ""
-        max_tokens = args.int("max_tokens", self._budget(), lo=50, hi=1_000_000)
+        max_tokens = args.int("max_tokens", self._budget(call.session_id), lo=50, hi=1_000_000)
         session = self._session(args.raw["session_id"])
         active = session.active()
         position = {e.id: i for i, e in enumerate(active)}

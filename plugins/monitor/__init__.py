@@ -9,24 +9,21 @@ that figure replaces the ledger.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import mcp_types as types
 
 from gateway.plugin import GatewayContext, Plugin, ToolCall
-from gateway.services.context_levels import Debounce, bridge_path, fresh_bridges, level_for, note_text, read_bridge
-from gateway.services.costs import definition_tokens
+from gateway.services.context_levels import Debounce, level_for, note_text
+from gateway.services.costs import definition_tokens, result_cost
+from gateway.services.text import dumps
 from gateway.services.tokens import estimate_tokens
 
 log = logging.getLogger("plugins.monitor")
 LEDGER_SOURCE = "gateway estimate: tool traffic only"
 BRIDGE_SOURCE = "reported by the host"
-BRIDGE_RECHECK_SECONDS = 1.0
 
 
 @dataclass
@@ -41,18 +38,6 @@ class Ledger:
         return self.definitions + self.results
 
 
-def result_tokens(result: types.CallToolResult) -> int:
-    total = 0
-    for block in result.content:
-        if isinstance(block, types.TextContent):
-            total += estimate_tokens(block.text)
-        else:
-            total += estimate_tokens(block.model_dump_json())
-    if result.structured_content is not None:
-        total += estimate_tokens(json.dumps(result.structured_content, ensure_ascii=False, default=str))
-    return total
-
-
 class MonitorPlugin(Plugin):
     name = "monitor"
     order = 900  # last: it counts what the host really receives, after offload replaced a result
@@ -60,8 +45,6 @@ class MonitorPlugin(Plugin):
     def __init__(self) -> None:
         self.ctx: GatewayContext | None = None
         self.ledgers: dict[str, Ledger] = {}
-        self._bridge_checked = -BRIDGE_RECHECK_SECONDS
-        self._bridge_value: float | None = None
 
     async def start(self, ctx: GatewayContext) -> None:
         self.ctx = ctx
@@ -69,31 +52,17 @@ class MonitorPlugin(Plugin):
     def _ledger(self, session_id: str) -> Ledger:
         return self.ledgers.setdefault(session_id, Ledger())
 
-    def _host_figure(self) -> float | None:
-        """The host's own remaining %, from a fresh statusline bridge file for the session we serve:
-        the one named by CTX_HOST_SESSION_ID, else the only fresh one. Looked up at most once a second
-        (listing the temp folder on every call cost more than the rest of the monitor)."""
-        now = time.monotonic()
-        if now - self._bridge_checked < BRIDGE_RECHECK_SECONDS:
-            return self._bridge_value
-        wanted = os.environ.get("CTX_HOST_SESSION_ID")
-        if wanted:
-            value = read_bridge(bridge_path(wanted))
-        else:
-            fresh = fresh_bridges()
-            value = fresh[0][1] if len(fresh) == 1 else None
-        self._bridge_checked, self._bridge_value = now, value
-        return value
-
-    def measure(self, session_id: str) -> tuple[float, str, int]:
-        """(remaining %, source, window)."""
+    def measure(self, session_id: str) -> tuple[float | None, str, int | None]:
+        """(remaining % or None when the window is unknown, source, window)."""
         assert self.ctx is not None
-        window = self.ctx.window.size()
-        host = self._host_figure()
+        window = self.ctx.window.for_session(session_id)
+        host = self.ctx.window.bridge.current()
         if host is not None:
-            return host, BRIDGE_SOURCE, window
+            return host.remaining_pct, BRIDGE_SOURCE, host.window or window.tokens
+        if window.tokens is None:
+            return None, "window unknown", None
         used = self._ledger(session_id).used
-        return max(0.0, 100.0 * (1 - used / window)), LEDGER_SOURCE, window
+        return max(0.0, 100.0 * (1 - used / window.tokens)), LEDGER_SOURCE, window.tokens
 
     async def on_tools_listed(self, tools: list[types.Tool], session_id: str) -> list[types.Tool]:
         # The host replaces its list on every tools/list, so definitions are counted once, not summed.
@@ -104,8 +73,10 @@ class MonitorPlugin(Plugin):
         try:
             ledger = self._ledger(call.session_id)
             ledger.calls += 1
-            ledger.results += result_tokens(result) + estimate_tokens(json.dumps(call.arguments, default=str))
+            ledger.results += result_cost(result).tokens + estimate_tokens(dumps(call.arguments))
             remaining, source, window = self.measure(call.session_id)
+            if remaining is None:  # an unknown window: say nothing rather than invent one
+                return result
             level = level_for(remaining)
             if not ledger.debounce.should_warn(level) or level is None:
                 return result
@@ -124,7 +95,8 @@ class MonitorPlugin(Plugin):
             "definitions": ledger.definitions,
             "results": ledger.results,
             "window": window,
-            "remaining_pct": round(remaining, 1),
-            "level": level_for(remaining) or "ok",
+            "window_source": self.ctx.window.for_session(session_id).source if self.ctx else "",
+            "remaining_pct": None if remaining is None else round(remaining, 1),
+            "level": "unknown" if remaining is None else (level_for(remaining) or "ok"),
             "source": source,
         }

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +28,11 @@ def _terms(query: str) -> list[str]:
 
 
 class Explorer:
-    """The four handlers over one responses store; `budget()` is the answer budget in tokens."""
+    """The four handlers over one responses store; `budget` is the answer budget in tokens for the host
+    connection that asked (its window decides it)."""
 
-    def __init__(self, store: ResponseStore, budget: Callable[[], int]):
+    def __init__(self, store: ResponseStore):
         self.store = store
-        self.budget = budget
-
-    def _answer_budget(self) -> int:
-        return self.budget()
 
     def _file(self, args: Args) -> Path:
         return self.store.resolve(args.str("path", required=True))
@@ -50,7 +46,7 @@ class Explorer:
             f"open it with: {open_command(path)}"
         )
 
-    def outline(self, args: Args) -> dict[str, Any]:
+    def outline(self, args: Args, budget: int) -> dict[str, Any]:
         path = self._file(args)
         rid = id_of(path)
         kind = self._kind(path)
@@ -67,18 +63,18 @@ class Explorer:
                 f"response_slice(path='{rid}', start_line=1, end_line=50)",
                 f"response_search(path='{rid}', query='ERROR')",
             ]
-            return self._fit(info)
+            return self._fit(info, budget)
         info = json_outline.outline(path)
         info["compressionHints"] = _json_hints(rid, info)
-        return self._fit(info)
+        return self._fit(info, budget)
 
-    def _fit(self, payload: dict[str, Any]) -> dict[str, Any]:
-        value, cut = fit(payload, self._answer_budget())
+    def _fit(self, payload: dict[str, Any], budget: int) -> dict[str, Any]:
+        value, cut = fit(payload, budget)
         if cut:
             value["note"] = "cut to fit the token budget; use response_slice on a part"
         return value
 
-    def slice(self, args: Args) -> dict[str, Any]:
+    def slice(self, args: Args, budget: int) -> dict[str, Any]:
         path = self._file(args)
         json_path = args.str("json_path")
         start = args.int("start_line", lo=1)
@@ -87,7 +83,6 @@ class Explorer:
             raise ToolInputError("response_slice: give json_path or start_line/end_line, not both")
         if self._kind(path) == "binary":
             self._refuse_binary(path, "response_slice")
-        budget = self._answer_budget()
         if json_path is None:
             if start is None and end is None:
                 raise ToolInputError("response_slice: give json_path (JSON) or start_line and end_line (any text)")
@@ -150,7 +145,7 @@ class Explorer:
             shown.append("…(more matches not shown)")
         return _slice_answer(json_path, steps, remainder, shown, more, format_path([*steps, 0]), budget)
 
-    def search(self, args: Args) -> dict[str, Any]:
+    def search(self, args: Args, budget: int) -> dict[str, Any]:
         path = self._file(args)
         terms = _terms(args.str("query", required=True, max_len=500))
         limit = args.int("limit", 10, lo=1, hi=50)
@@ -167,9 +162,9 @@ class Explorer:
         out: dict[str, Any] = {"query": terms, "total": total, "matches": hits}
         if offset + len(hits) < total:
             out["next_offset"] = offset + len(hits)
-        return fit(out, self._answer_budget())[0]
+        return fit(out, budget)[0]
 
-    def compress(self, args: Args) -> dict[str, Any]:
+    def compress(self, args: Args, budget: int) -> dict[str, Any]:
         path = self._file(args)
         mode = args.choice("mode", MODES)
         json_path = args.str("json_path")
@@ -189,7 +184,6 @@ class Explorer:
                 f"response_compress: the file is {human_size(info['size'])}; give a json_path below the root"
                 + (f", e.g. json_path='{biggest}'" if biggest and biggest != "$" else "")
             )
-        budget = self._answer_budget()
         count = json_values.large_array(path, steps) if mode != "keys_only" else None
         if count is not None:
             # a large array is compressed item by item: never loaded whole

@@ -12,6 +12,7 @@ import mcp_types as types
 import pydantic_core
 
 from gateway.plugin import ToolCall
+from gateway.services.costs import Cost, looks_like_json
 from gateway.services.responses import ResponseStore, Saved, open_command
 from gateway.services.text import human_size
 from plugins.offload import textfile
@@ -20,32 +21,24 @@ from plugins.offload.json_outline import outline, warm_outline
 
 INLINE_KEYS = 10
 HEAD_BYTES = 256 * 1024
-DUPLICATE_CHECK_LIMIT = 64 * 1024 * 1024
 MAX_LISTED_FILES = 6
-
-
-def looks_like_json(text: str) -> bool:
-    head = text[:64].lstrip()
-    tail = text[-64:].rstrip()
-    return bool(head) and ((head[0] == "{" and tail.endswith("}")) or (head[0] == "[" and tail.endswith("]")))
 
 
 def offload(
     store: ResponseStore,
     call: ToolCall,
     result: types.CallToolResult,
-    size: int,
-    tokens: int,
+    cost: Cost,
     max_size: int,
     max_tokens: int,
 ) -> types.CallToolResult | None:
-    """The result saved to files and replaced by one fileRef reply; None when nothing in it can be saved."""
+    """The result saved to files and replaced by one fileRef reply; None when nothing in it can be saved.
+    The reply states the result's cost (a structuredContent copy of the text counted once) as its size."""
     stem = f"{call.server}__{call.tool}"
     parts: list[tuple[str, Saved]] = []
     inline: list[Any] = []
-    texts = [b.text for b in result.content if isinstance(b, types.TextContent)]
     structured = result.structured_content
-    if structured is not None and not duplicates_text(structured, texts):
+    if structured is not None and cost.duplicate is None:
         data = pydantic_core.to_json(structured).decode()
         parts.append(("structuredContent", store.save_text(stem, data, "json")))
     for i, block in enumerate(result.content):
@@ -70,18 +63,20 @@ def offload(
     ref: dict[str, Any] = {
         "id": primary.id,
         "path": str(primary.path),
-        "size": primary.size,
-        "sizeHint": human_size(primary.size),
-        "tokens": tokens,
+        "size": cost.size,
+        "sizeHint": human_size(cost.size),
+        "tokens": cost.tokens,
         "maxSizeHint": f"{human_size(max_size)} / {max_tokens} tokens",
         "kind": primary.kind,
     }
+    if primary.size != cost.size:
+        ref["fileSize"] = primary.size  # the saved file (JSON escapes and other blocks make the result larger)
     if primary.kind == "binary":
         ref["mime"] = primary.mime
     ref["openCmd"] = open_command(primary.path)
     what = "error output" if result.is_error else "result"
     ref["message"] = (
-        f"The tool's {what} ({human_size(size)}, ~{tokens} tokens) is too large for the context; "
+        f"The tool's {what} ({human_size(cost.size)}, ~{cost.tokens} tokens) is too large for the context; "
         "saved to a file. Explore it in small pieces; do not read the whole file."
     )
     reply: dict[str, Any] = {"fileRef": ref}
@@ -126,26 +121,6 @@ def inline_outline(saved: Saved) -> dict[str, Any]:
 
 
 # -- the exploration tools -----------------------------------------------------------------------
-
-
-def duplicates_text(structured: Any, texts: list[str]) -> bool:
-    """True when structuredContent repeats a text block (e.g. {"content": <the text>})."""
-    if not texts:
-        return False
-    if isinstance(structured, dict) and any(isinstance(v, str) and v in texts for v in structured.values()):
-        return True
-    encoded = pydantic_core.to_json(structured)
-    for text in texts:
-        if len(encoded) == len(text) and encoded.decode() == text:
-            return True
-        # the same JSON with other spacing (json.dumps defaults): compare parsed values
-        if looks_like_json(text) and 0.8 * len(encoded) <= len(text) <= 1.6 * len(encoded) <= DUPLICATE_CHECK_LIMIT:
-            try:
-                if json.loads(text) == structured:
-                    return True
-            except ValueError:
-                continue
-    return False
 
 
 def _head_outline(path: Path) -> dict[str, Any]:

@@ -49,7 +49,7 @@ class OffloadPlugin(Plugin):
 
     async def start(self, ctx: GatewayContext) -> None:
         self.ctx = ctx
-        self.explorer = Explorer(ctx.responses, lambda: ctx.window.max_response_tokens(None))
+        self.explorer = Explorer(ctx.responses)
         ttl = self.settings.response_ttl_hours
         removed = ctx.responses.remove_older_than(ttl)
         if removed:
@@ -77,12 +77,13 @@ class OffloadPlugin(Plugin):
         if call.server is None:
             return result
         window = self._ctx().window
-        max_size, max_tokens = window.max_response_size(call.server), window.max_response_tokens(call.server)
-        size, tokens = result_cost(result)
-        if size <= max_size and tokens <= max_tokens:
+        max_size = window.max_response_size(call.server)
+        max_tokens = window.max_response_tokens(call.server, call.session_id)
+        cost = result_cost(result)
+        if cost.size <= max_size and cost.tokens <= max_tokens:
             return result
         replaced = await anyio.to_thread.run_sync(
-            fileref.offload, self._ctx().responses, call, result, size, tokens, max_size, max_tokens
+            fileref.offload, self._ctx().responses, call, result, cost, max_size, max_tokens
         )
         if replaced is None:
             return result
@@ -143,8 +144,9 @@ class OffloadPlugin(Plugin):
 
     def _tool(self, handler: Any) -> Any:
         async def threaded(args: Args, call: ToolCall) -> dict[str, Any]:
-            try:
-                return await anyio.to_thread.run_sync(handler(), args)  # file work stays off the event loop
+            budget = self._ctx().window.max_response_tokens(None, call.session_id)
+            try:  # file work stays off the event loop
+                return await anyio.to_thread.run_sync(handler(), args, budget)
             except UnicodeDecodeError:
                 raise ToolInputError("the file is not UTF-8 text; open it with its openCmd instead") from None
             except BrokenJSON as exc:

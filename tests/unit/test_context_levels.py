@@ -4,7 +4,7 @@ import json
 import time
 from pathlib import Path
 
-from gateway.services.context_levels import Debounce, fresh_bridges, level_for, note_text, read_bridge
+from gateway.services.context_levels import Debounce, HostFigure, fresh_bridges, level_for, note_text, read_bridge
 from gateway.services.tokens import estimate_tokens
 
 
@@ -32,4 +32,4 @@ def test_bridge_files(tmp_path: Path) -> None:
     stale.write_text(json.dumps({"remaining_percentage": 30, "timestamp": time.time() - 600}))
     (tmp_path / "claude-ctx-s3.json").write_text("{broken")
     assert read_bridge(good) == 30 and read_bridge(stale) is None
-    assert fresh_bridges(tmp_path) == [("s1", 30.0)]
+    assert fresh_bridges(tmp_path) == [("s1", HostFigure(30.0, None))]
