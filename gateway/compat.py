@@ -74,3 +74,27 @@ def leave_signals_to_us(server: Any) -> None:
     """uvicorn installs its own SIGINT/SIGTERM handlers while serving; the gateway's handler must stop the
     upstreams first, so uvicorn's capture is turned off."""
     server.capture_signals = contextlib.nullcontext
+
+
+def wire_problem(method: str, result: dict[str, Any]) -> str | None:
+    """None when the front can send this result to hosts of both protocol eras; else the first problem.
+    The SDK checks every outgoing result against the negotiated version's schema and fails the whole
+    response on one bad item, so the gateway checks items (one tool definition) before listing them."""
+    from mcp_types import methods
+    from mcp_types.version import LATEST_HANDSHAKE_VERSION, MODERN_PROTOCOL_VERSIONS
+    from pydantic import ValidationError
+
+    for era in (LATEST_HANDSHAKE_VERSION, *MODERN_PROTOCOL_VERSIONS):
+        data = (
+            result
+            if era == LATEST_HANDSHAKE_VERSION
+            else {**result, "resultType": "complete", "ttlMs": 0, "cacheScope": "private"}
+        )
+        try:
+            methods.serialize_server_result(method, era, data)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            return f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
+        except (KeyError, ValueError):  # a method or version this SDK does not describe: nothing to check
+            continue
+    return None

@@ -246,6 +246,47 @@ async def test_compaction_through_a_real_endpoint_and_refolding(tmp_path: Path) 
         fake.stop()
 
 
+async def test_a_damaged_middle_line_never_hides_a_note_or_reuses_its_id(tmp_path: Path) -> None:
+    settings = memory_settings(tmp_path)
+    async with inproc(settings) as (_, s):
+        for i in range(1, 6):
+            await ok(s, "context_append", {"session_id": "d", "text": f"note {i} about shard_{i}"})
+    log = tmp_path / "ws" / "sessions" / "d.jsonl"
+    lines = log.read_text(encoding="utf-8").splitlines(keepends=True)
+    lines[2] = lines[2][:25] + "\n"  # line 3 torn in place (a bad disk, an editor)
+    log.write_text("".join(lines), encoding="utf-8")
+    async with inproc(settings) as (_, s):
+        new = await ok(s, "context_append", {"session_id": "d", "text": "note 6 about shard_6"})
+        assert new["id"] > "e00005"  # never an id used before (the torn line's own id cannot be read)
+        assert new["damaged_lines"] == 1 and "could not be read" in new["damaged_note"]
+        opened = await ok(s, "context_open", {"session_id": "d"})
+        assert opened["entries"] == 5  # 1, 2, 4, 5 and the new one; only the damaged note is gone
+        recalled = await ok(s, "context_recall", {"session_id": "d", "query": "shard_5"})
+        assert recalled["matches"][0]["text"] == "note 5 about shard_5"
+        bad = await call(s, "context_append", {"session_id": "d\n", "text": "x"})
+        assert bad.is_error and "session_id" in text_of(bad)
+    assert not list((tmp_path / "ws" / "sessions").glob("d\n*"))
+
+
+async def test_damaged_index_files_are_moved_aside_and_the_gateway_serves(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, {}, plugins=["memory", "documents"])
+    async with inproc(settings) as (_, s):
+        await ok(s, "context_append", {"session_id": "ix", "text": "the cache key lives in redis_cache_v2"})
+        await ok(s, "doc_ingest", {"text": "# Guide\n\nSome text about caching.", "title": "guide"})
+    for name in ("sessions", "documents"):
+        index = tmp_path / "ws" / name / "index.sqlite"
+        for extra in index.parent.glob("index.sqlite-*"):
+            extra.unlink()
+        index.write_bytes(b"not a db")
+    async with inproc(settings) as (gateway, s):
+        recalled = await ok(s, "context_recall", {"session_id": "ix", "query": "redis_cache_v2"})
+        assert "redis_cache_v2" in recalled["matches"][0]["text"]  # rebuilt from the log
+        listed = await ok(s, "doc_list")
+        assert listed["documents"] == [] and "ingested again" in listed["note"]
+        assert "damaged" in gateway.pipeline.status("stdio")["documents"]["index"]
+    assert list((tmp_path / "ws" / "sessions").glob("index.sqlite.damaged-*"))
+
+
 async def test_compaction_never_grows_a_session(tmp_path: Path) -> None:
     """A few short notes: the fallback summary (header + facts + identifiers) would be larger; nothing folds."""
     async with inproc(memory_settings(tmp_path)) as (_, s):

@@ -273,3 +273,32 @@ def test_ttl_cleanup_at_start_and_clean_command(tmp_path: Path) -> None:
     assert not old.exists() and new.exists()
     out = run_cli("clean", "--config", str(cfg))
     assert out.returncode == 0 and "removed 1 files" in out.stdout and not new.exists()
+
+
+async def test_a_full_workspace_gets_is_error_never_the_oversized_result(tmp_path: Path) -> None:
+    """The gateway runs with a 2 MB file size limit (RLIMIT_FSIZE, as a full disk would stop it)."""
+    from conftest import PY, gateway_env
+    from mcp import ClientSession
+
+    from gateway.proxy.upstream_stdio import linear_stdio_client
+
+    cfg = write_config(tmp_path, {"p": probe("p")}, plugins=["offload", "memory"])
+    limited = (
+        "import resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (2_000_000, 2_000_000)); "
+        "from gateway.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    responses = tmp_path / "ws" / "responses"
+    with open(tmp_path / "gw.err", "wb") as errlog:
+        async with (
+            linear_stdio_client(PY, ["-c", limited, "--config", str(cfg)], gateway_env(), None, errlog) as streams,
+            ClientSession(*streams) as session,
+        ):
+            await session.initialize()
+            big = await call(session, "p__big", {"size": 5_000_000, "kind": "text"})
+            assert big.is_error and "could not be saved to the workspace" in text_of(big)
+            assert "mcp-context-gateway clean" in text_of(big) and len(text_of(big)) < 1000
+            assert not (list(responses.iterdir()) if responses.exists() else [])  # no partial or temp file
+            small = await call(session, "p__big", {"size": 600_000, "kind": "text"})
+            assert "fileRef" in text_of(small)  # the gateway keeps serving; what fits is offloaded
+            note = await call(session, "context_append", {"session_id": "full", "text": "still writable"})
+            assert not note.is_error

@@ -11,7 +11,20 @@ from pathlib import Path
 import anyio
 import mcp_types as types
 import pytest
-from conftest import PROBE, PY, Notes, call, eventually, free_port, inproc, make_settings, probe, text_of
+from conftest import (
+    PROBE,
+    PY,
+    Notes,
+    call,
+    eventually,
+    free_port,
+    inproc,
+    make_settings,
+    probe,
+    run_cli,
+    text_of,
+    write_config,
+)
 from mcp import ClientSession, MCPError, StdioServerParameters, stdio_client
 
 pytestmark = pytest.mark.anyio
@@ -403,3 +416,18 @@ async def test_old_style_tool_definitions_are_repaired_not_fatal(tmp_path: Path)
         assert tools["old__no_schema"].input_schema == {"type": "object"}
         assert text_of(await call(session, "old__legacy_echo", {"text": "hi"})) == "legacy_echo:hi"
         assert text_of(await call(session, "p__whoami")) == "p"
+
+
+async def test_one_bad_tool_schema_never_hides_the_other_tools(tmp_path: Path) -> None:
+    raw = str(Path(__file__).parent / "servers" / "raw_server.py")
+    servers = {"bad": {"command": PY, "args": [raw, "--bad-schemas"]}, "p": probe("p")}
+    async with inproc(make_settings(tmp_path, servers, plugins=["offload"])) as (gateway, session):
+        tools = {t.name: t for t in await list_all_tools(session)}  # the host's tools/list succeeds
+        assert {"bad__legacy_echo", "p__echo", "response_outline"} <= set(tools)
+        assert tools["bad__prop_number"].input_schema["properties"] == {"b": {"type": "string"}}
+        assert "required" not in tools["bad__required_str"].input_schema
+        assert any("props_list" in line and "repaired" in line for line in gateway.routing.dropped)
+    report = run_cli("inspect", "--config", str(write_config(tmp_path, servers)))
+    assert (
+        report.returncode == 1 and "tool 'prop_number' of server 'bad': its input schema was repaired" in report.stdout
+    )

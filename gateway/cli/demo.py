@@ -126,10 +126,15 @@ async def _demo_calls(session: ClientSession, sep: str) -> None:
         )
         status = (await _call(session, "context_status", {"session_id": "demo"})).structured_content or {}
         monitor = (status.get("gateway") or {}).get("monitor")
-        if monitor:
+        if monitor and monitor.get("window"):
             print(
                 f"  context estimate (tool traffic only): ~{monitor['used_tokens']} of {monitor['window']} tokens, "
                 f"{monitor['remaining_pct']}% left, level {monitor['level']}"
+            )
+        elif monitor:
+            print(
+                f"  context estimate (tool traffic only): ~{monitor['used_tokens']} tokens; window unknown "
+                f"({monitor.get('window_source')}), so no warnings: set context_window or [llm]"
             )
 
 

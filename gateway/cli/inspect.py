@@ -55,6 +55,9 @@ async def inspect_report(settings: Settings) -> tuple[str, bool]:
         for line in gateway.routing.collisions:
             ok = False
             lines.append(f"collision: {line}")
+        for line in gateway.routing.dropped:
+            ok = False
+            lines.append(line)
         for name, why in gateway.pipeline.failed.items():
             ok = False
             lines.append(f"plugin {name} failed to start and is left out: {why}")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import mcp_types as types
 
+from gateway import compat
 from gateway.proxy.upstream import Upstream
 from gateway.settings import Settings
 
@@ -39,11 +40,26 @@ def safe_name(name: str) -> str:
 
 
 def repair_tool(tool: types.Tool, name: str) -> types.Tool:
-    """A copy with the host-facing name and an input schema hosts accept (`type: object`)."""
+    """A copy with the host-facing name and an input schema hosts accept: `type: object`, `properties`
+    an object of schemas, `required` a list of names. What cannot be repaired is dropped from it."""
     schema = dict(tool.input_schema or {})
-    if schema.get("type") != "object":
-        schema = {"type": "object", "properties": schema.get("properties", {})}
+    schema["type"] = "object"
+    if "properties" in schema:
+        props = schema["properties"] if isinstance(schema["properties"], dict) else {}
+        schema["properties"] = {k: v for k, v in props.items() if isinstance(v, (dict, bool))}
+    required = schema.get("required")
+    if "required" in schema:
+        if isinstance(required, list):
+            schema["required"] = [r for r in required if isinstance(r, str)]
+        else:
+            del schema["required"]
     return tool.model_copy(update={"name": name, "input_schema": schema})
+
+
+def wire_problem(tool: types.Tool) -> str | None:
+    """Why hosts would reject this definition (it would fail the whole tools/list), or None."""
+    wire = tool.model_dump(by_alias=True, mode="json", exclude_none=True)
+    return compat.wire_problem("tools/list", {"tools": [wire]})
 
 
 class RoutingTable:
@@ -58,6 +74,8 @@ class RoutingTable:
         self.prompts: dict[str, types.Prompt] = {}
         self.prompt_routes: dict[str, Route] = {}
         self.collisions: list[str] = []
+        self.dropped: list[str] = []  # definitions repaired, or left out because hosts would reject them
+        self._checked: dict[tuple[str, str], str | None] = {}  # (server, definition) -> wire problem
         self.version = 0
         self.rebuild()
 
@@ -75,6 +93,7 @@ class RoutingTable:
         prompt_routes: dict[str, Route] = {}
         owners: dict[str, str] = {name: "the gateway" for name in self.reserved}
         collisions: list[str] = []
+        dropped: list[str] = []
         for server, up in self.upstreams.items():
             cfg = up.config
             for tool in up.tools:
@@ -90,8 +109,19 @@ class RoutingTable:
                     name = alt
                     if name in owners:
                         continue
+                repaired = repair_tool(tool, name)
+                if repaired.input_schema != {**(tool.input_schema or {}), "type": "object"}:
+                    dropped.append(f"tool '{tool.name}' of server '{server}': its input schema was repaired")
+                key = (server, repaired.model_dump_json())
+                if key not in self._checked:
+                    self._checked[key] = wire_problem(repaired)
+                if problem := self._checked[key]:
+                    dropped.append(
+                        f"tool '{tool.name}' of server '{server}' left out: hosts would reject it ({problem})"
+                    )
+                    continue
                 owners[name] = server
-                tools[name] = repair_tool(tool, name)
+                tools[name] = repaired
                 routes[name] = Route(server, tool.name)
             for prompt in up.prompts:
                 name = self._exposed(server, prompt.name, cfg.prefix)
@@ -102,6 +132,12 @@ class RoutingTable:
         for line in collisions:
             if line not in self.collisions:
                 log.error("name collision: %s", line)
+        for line in dropped:
+            if line not in self.dropped:
+                log.error("%s", line)
+        self.dropped = dropped
+        if len(self._checked) > 10_000:  # definitions of upstreams long gone
+            self._checked.clear()
         self.tools, self.tool_routes = tools, routes
         self.prompts, self.prompt_routes = prompts, prompt_routes
         self.collisions = collisions

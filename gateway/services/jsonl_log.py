@@ -47,6 +47,7 @@ class JsonlLog:
     def __init__(self, path: Path):
         self.path = path
         self.lock_path = path.with_name(path.name + ".lock")
+        self.damaged: list[bytes] = []  # complete lines that did not parse, in the order read
 
     def append(self, records: Sequence[dict[str, Any]] | Callable[[], Sequence[dict[str, Any]]]) -> int:
         """Write the records in one write() under the lock, then fsync. Returns the new file size.
@@ -98,6 +99,7 @@ class JsonlLog:
                 record = json.loads(line)
             except ValueError:
                 log.warning("%s: skipping a damaged line at byte %d", self.path.name, end - len(line) - 1)
+                self.damaged.append(line)
                 continue
             if isinstance(record, dict):
                 records.append(record)

@@ -8,14 +8,18 @@ quoted terms, so FTS5 syntax in user input can never raise an error.
 
 from __future__ import annotations
 
+import logging
 import re
 import sqlite3
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.services.text import CJK_CLASS
+
+log = logging.getLogger("gateway.search_index")
 
 _CJK = CJK_CLASS
 _WORD = re.compile(rf"[{_CJK}]+|[^\W_]+(?:[_\-.][^\W_]+)*", re.UNICODE)
@@ -96,6 +100,16 @@ def match_expression(terms: Sequence[str]) -> str:
     return " OR ".join(quoted)
 
 
+def _move_aside(path: Path) -> Path:
+    """A damaged database file (and its WAL) renamed out of the way, kept for a look."""
+    target = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
+    for suffix in ("", "-wal", "-shm"):
+        part = path.with_name(path.name + suffix)
+        if part.exists():
+            part.replace(target.with_name(target.name + suffix))
+    return target
+
+
 @dataclass
 class Hit:
     key: str
@@ -105,20 +119,42 @@ class Hit:
 class SearchIndex:
     """One FTS5 table in one SQLite file (or memory). Thread-safe; each call is short."""
 
-    def __init__(self, path: Path | str, table: str = "docs", columns: Sequence[str] = ()):
+    def __init__(self, path: Path | str, table: str = "docs", columns: Sequence[str] = (), schema: str = ""):
+        """`schema`: more SQL (tables of the caller's own) created in the same file."""
         self.table = table
         self.columns = list(columns)  # extra UNINDEXED columns stored with each row
         self.lock = threading.RLock()  # one connection, shared with callers that add tables of their own
+        self.recovered_from: Path | None = None  # where a damaged file was moved before starting afresh
         if isinstance(path, Path):
             path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA busy_timeout=5000")
-        extra_cols = "".join(f", {c} UNINDEXED" for c in self.columns)
-        self.db.execute(
-            f"CREATE VIRTUAL TABLE IF NOT EXISTS {table} USING fts5(key UNINDEXED{extra_cols}, body, extra, "
-            "tokenize = \"unicode61 remove_diacritics 2 tokenchars '_'\")"
-        )
+        try:
+            self.db = self._open(str(path), schema)
+        except sqlite3.DatabaseError as exc:
+            if not isinstance(path, Path):
+                raise
+            self.recovered_from = _move_aside(path)
+            log.warning(
+                "%s could not be opened (%s): moved to %s and started afresh", path, exc, self.recovered_from.name
+            )
+            self.db = self._open(str(path), schema)
+
+    def _open(self, path: str, schema: str) -> sqlite3.Connection:
+        db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA busy_timeout=5000")
+            extra_cols = "".join(f", {c} UNINDEXED" for c in self.columns)
+            db.execute(
+                f"CREATE VIRTUAL TABLE IF NOT EXISTS {self.table} USING fts5(key UNINDEXED{extra_cols}, body, extra, "
+                "tokenize = \"unicode61 remove_diacritics 2 tokenchars '_'\")"
+            )
+            if schema:
+                db.executescript(schema)
+            db.execute(f"SELECT count(*) FROM {self.table} LIMIT 1").fetchone()
+        except sqlite3.DatabaseError:
+            db.close()
+            raise
+        return db
 
     def add(self, rows: Iterable[tuple[str, str, Sequence[object]]]) -> None:
         """Rows of (key, text, extra column values)."""

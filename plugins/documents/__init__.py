@@ -95,15 +95,21 @@ class DocumentStore:
     """Documents and chunks in one SQLite file: metadata, chunk text, and the FTS5 index."""
 
     def __init__(self, path: Path):
-        self.index = SearchIndex(path, table="chunk_index", columns=("doc", "idx"))
-        self.db = self.index.db
-        self.lock = self.index.lock
-        self.db.executescript("""
+        schema = """
             CREATE TABLE IF NOT EXISTS docs (doc_id TEXT PRIMARY KEY, title TEXT, source TEXT, sha TEXT, kind TEXT,
                 chunks INTEGER, tokens INTEGER, bytes INTEGER, created REAL, outline TEXT);
             CREATE TABLE IF NOT EXISTS chunks (doc_id TEXT, idx INTEGER, heading TEXT, text TEXT, tokens INTEGER,
                 line INTEGER, part TEXT, PRIMARY KEY (doc_id, idx));
-        """)
+        """
+        self.index = SearchIndex(path, table="chunk_index", columns=("doc", "idx"), schema=schema)
+        self.db = self.index.db
+        self.lock = self.index.lock
+        self.damaged_note = ""
+        if self.index.recovered_from is not None:
+            self.damaged_note = (
+                f"the documents index was damaged and moved to {self.index.recovered_from.name}; documents "
+                "ingested before must be ingested again (doc_ingest)"
+            )
 
     def get(self, doc_id: str) -> dict[str, Any] | None:
         with self.lock:
@@ -220,6 +226,9 @@ class DocumentsPlugin(Plugin):
         if self.store is not None:
             self.store.index.close()
 
+    def status(self, session_id: str) -> dict[str, Any]:
+        return {"index": self.store.damaged_note} if self.store is not None and self.store.damaged_note else {}
+
     def tools(self) -> list[PluginTool]:
         doc = {"doc_id": {"type": "string", "description": "from doc_ingest/doc_list, or an offloaded resp_ id"}}
         handle = lambda fn: guarded(fn, (IngestError, StoreError))  # noqa: E731
@@ -266,6 +275,8 @@ class DocumentsPlugin(Plugin):
         title = args.str("title", max_len=300)
         if (file_path is None) == (text is None):
             raise ToolInputError("doc_ingest: give either file_path or text")
+        if file_path is not None and not file_path.strip():
+            raise ToolInputError("doc_ingest: `file_path` is empty; give a file or folder below an ingest root")
         if text is not None:
             if not text.strip():
                 raise ToolInputError("doc_ingest: `text` is empty")
@@ -420,7 +431,10 @@ class DocumentsPlugin(Plugin):
         return out
 
     async def list(self, args: Args, call: ToolCall) -> dict[str, Any]:
-        return {"documents": self._store().list()}
+        out: dict[str, Any] = {"documents": self._store().list()}
+        if self._store().damaged_note:
+            out["note"] = self._store().damaged_note
+        return out
 
     async def forget(self, args: Args, call: ToolCall) -> dict[str, Any]:
         doc_id = args.str("doc_id", required=True)

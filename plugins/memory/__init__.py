@@ -76,6 +76,12 @@ class MemoryPlugin(Plugin):
                 f"memory holds {used} of {budget} tokens; consider context_compact(session_id="
                 f"'{session.id}') to fold older notes into a summary"
             )
+        if session.damaged_lines:
+            out["damaged_lines"] = session.damaged_lines
+            out["damaged_note"] = (
+                f"{session.damaged_lines} line(s) of {session.log.path.name} could not be read and were skipped; "
+                "every other note is intact and new ids never reuse old ones"
+            )
         return out
 
     def tools(self) -> list[PluginTool]:

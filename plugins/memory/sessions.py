@@ -13,7 +13,8 @@ from gateway.services.jsonl_log import JsonlLog
 from gateway.services.search_index import SearchIndex
 from gateway.services.tokens import estimate_tokens
 
-SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_DAMAGED_ID = re.compile(r'"id"\s*:\s*"([es])(\d{5,})"')
 
 
 class SessionError(ValueError):
@@ -21,7 +22,7 @@ class SessionError(ValueError):
 
 
 def check_session_id(value: Any) -> str:
-    if not isinstance(value, str) or not SESSION_ID.match(value) or ".." in value:
+    if not isinstance(value, str) or not SESSION_ID.fullmatch(value) or ".." in value:
         raise SessionError(
             "session_id must be 1-64 characters: letters, digits, '.', '_' or '-', starting with a letter "
             f"or digit (got {value!r})"
@@ -104,8 +105,19 @@ class Session:
         return sum(e.tokens for e in self.active())
 
     def next_id(self, prefix: str) -> str:
-        n = sum(1 for e in self.entries if e.startswith(prefix)) + 1
-        return f"{prefix}{n:05d}"
+        """Never an id used before: one past the highest id of every line that parses and of every damaged
+        line whose id can still be read, plus one for each damaged line whose id cannot."""
+        numbers = [int(e[len(prefix) :]) for e in self.entries if e.startswith(prefix) and e[len(prefix) :].isdigit()]
+        unreadable = 0
+        for line in self.log.damaged:
+            found = _DAMAGED_ID.findall(line.decode("utf-8", "replace"))
+            numbers += [int(n) for p, n in found if p == prefix]
+            unreadable += not found
+        return f"{prefix}{max(numbers, default=0) + unreadable + 1:05d}"
+
+    @property
+    def damaged_lines(self) -> int:
+        return len(self.log.damaged)
 
     def append_entry(self, text: str, pinned: bool) -> Entry:
         created: list[dict[str, Any]] = []
@@ -159,8 +171,9 @@ class RecallIndex:
     """FTS5 over active entries of every session; follows each log incrementally, rebuilt when stale."""
 
     def __init__(self, path: Path):
-        self.index = SearchIndex(path, table="entries", columns=("session",))
-        self.index.db.execute("CREATE TABLE IF NOT EXISTS indexed (session TEXT PRIMARY KEY, offset INTEGER)")
+        # a damaged file is moved aside by SearchIndex; the logs are the truth, so it is rebuilt from them
+        schema = "CREATE TABLE IF NOT EXISTS indexed (session TEXT PRIMARY KEY, offset INTEGER);"
+        self.index = SearchIndex(path, table="entries", columns=("session",), schema=schema)
         self._lock = threading.Lock()
 
     def sync(self, session: Session) -> None:

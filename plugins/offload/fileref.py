@@ -33,9 +33,28 @@ def offload(
     max_tokens: int,
 ) -> types.CallToolResult | None:
     """The result saved to files and replaced by one fileRef reply; None when nothing in it can be saved.
-    The reply states the result's cost (a structuredContent copy of the text counted once) as its size."""
-    stem = f"{call.server}__{call.tool}"
+    The reply states the result's cost (a structuredContent copy of the text counted once) as its size.
+    A write that fails (disk full, a file size limit) removes what this offload already wrote and raises."""
     parts: list[tuple[str, Saved]] = []
+    try:
+        return _replace(store, call, result, cost, (max_size, max_tokens), parts)
+    except BaseException:
+        for _, saved in parts:
+            saved.path.unlink(missing_ok=True)
+        raise
+
+
+def _replace(
+    store: ResponseStore,
+    call: ToolCall,
+    result: types.CallToolResult,
+    cost: Cost,
+    limits: tuple[int, int],
+    parts: list[tuple[str, Saved]],
+) -> types.CallToolResult | None:
+    """The work of `offload`: every file it saves goes into `parts` at once, so a failure can remove it."""
+    max_size, max_tokens = limits
+    stem = f"{call.server}__{call.tool}"
     inline: list[Any] = []
     structured = result.structured_content
     if structured is not None and cost.duplicate is None:

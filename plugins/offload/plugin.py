@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import shutil
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -14,14 +16,28 @@ from pydantic import BaseModel, ConfigDict
 from gateway.args import Args, ToolInputError
 from gateway.handlers import guarded, tool
 from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall
+from gateway.results import error_result
 from gateway.services.costs import result_cost
 from gateway.services.responses import StoreError
+from gateway.services.text import human_size
 from plugins.offload import fileref
 from plugins.offload.explore import MODES, Explorer
 from plugins.offload.json_file import BrokenJSON
 from plugins.offload.paths import PathError
 
 log = logging.getLogger("plugins.offload")
+LOW_SPACE = 64 * 1024 * 1024  # below this, status and inspect warn
+
+
+def free_space(folder: Path) -> int:
+    """Bytes free for the workspace (its nearest existing parent)."""
+    while not folder.exists() and folder.parent != folder:
+        folder = folder.parent
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return 0
+
 
 PATH = {"type": "string", "description": "fileRef id (resp_...) or file path"}
 JSON_PATH = {"type": "string", "description": "e.g. data.0.name or $.data[0].name; -1 = last"}
@@ -62,7 +78,16 @@ class OffloadPlugin(Plugin):
         return self.ctx
 
     def status(self, session_id: str) -> dict[str, Any]:
-        return {"offloaded": self.offloaded, "ijson": ijson.backend}
+        out: dict[str, Any] = {"offloaded": self.offloaded, "ijson": ijson.backend}
+        if self.ctx is not None:
+            free = free_space(self.ctx.responses.folder)
+            out["workspace_free"] = human_size(free)
+            if free < LOW_SPACE:
+                out["warning"] = (
+                    f"only {human_size(free)} free for offloaded results: large results will fail; run "
+                    "`mcp-context-gateway clean` or free disk space"
+                )
+        return out
 
     # -- hooks ----------------------------------------------------------------------------------
 
@@ -82,9 +107,19 @@ class OffloadPlugin(Plugin):
         cost = result_cost(result)
         if cost.size <= max_size and cost.tokens <= max_tokens:
             return result
-        replaced = await anyio.to_thread.run_sync(
-            fileref.offload, self._ctx().responses, call, result, cost, max_size, max_tokens
-        )
+        responses = self._ctx().responses
+        try:
+            replaced = await anyio.to_thread.run_sync(
+                fileref.offload, responses, call, result, cost, max_size, max_tokens
+            )
+        except OSError as exc:  # never the oversized result instead: it would flood the context
+            log.error("offload of %s failed: %s", call.name, exc)
+            return error_result(
+                f"The result of {call.name} ({human_size(cost.size)}, ~{cost.tokens} tokens) is too large for the "
+                f"context and could not be saved to the workspace ({exc.strerror or exc}; "
+                f"{human_size(free_space(responses.folder))} free in {responses.folder}). Run "
+                "`mcp-context-gateway clean` or free disk space, then call the tool again."
+            )
         if replaced is None:
             return result
         self.offloaded += 1

@@ -12,6 +12,12 @@ TOOLS = [
     },
     {"name": "no_schema", "description": "A tool with an empty schema.", "inputSchema": {}},
 ]
+if "--bad-schemas" in sys.argv:  # definitions the strict schema rejects outright: one must not hide the rest
+    TOOLS += [
+        {"name": "props_list", "inputSchema": {"type": "object", "properties": [1, 2]}},
+        {"name": "required_str", "inputSchema": {"type": "object", "required": "x"}},
+        {"name": "prop_number", "inputSchema": {"type": "object", "properties": {"a": 5, "b": {"type": "string"}}}},
+    ]
 
 
 def reply(msg_id, result):
