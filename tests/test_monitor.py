@@ -112,10 +112,10 @@ def test_hook_levels_debounce_and_statusline(tmp_path: Path) -> None:
     bridge(tmp_path, "abc", 50)
     assert run_hook(event, tmp_path)[:2] == (0, "")
     bridge(tmp_path, "abc", 30)
-    code, out, elapsed = run_hook(event, tmp_path)
+    code, out, _ = run_hook(event, tmp_path)
     payload = json.loads(out)["hookSpecificOutput"]
     assert code == 0 and payload["hookEventName"] == "PostToolUse" and "about 30%" in payload["additionalContext"]
-    assert elapsed < 2.0 + 1.5  # the hook's own work is bounded; most of this is interpreter start-up
+    assert payload["additionalContext"].startswith("Context warning: ")
     assert [run_hook(event, tmp_path)[1] for _ in range(4)] == [""] * 4
     assert run_hook(event, tmp_path)[1]  # the 5th call after a warning warns again
     bridge(tmp_path, "abc", 20)

@@ -87,11 +87,9 @@ async def test_progress_reaches_host_and_resets_timeout(tmp_path: Path) -> None:
         await eventually(lambda: len(seen) == 6)  # progress callbacks run in their own tasks
         assert [p for p, _, _ in seen] == [1, 2, 3, 4, 5, 6]
         assert seen[0][1:] == (6, "step 1")
-        # without progress the same timeout cuts the call off, as an isError naming the server
-        started = time.monotonic()
+        # without progress the same timeout cuts the call off, as an isError naming the server and the limit
         slow = await call(session, "p__slow", {"seconds": 30})
         assert slow.is_error and "'p'" in text_of(slow) and "within 1 s" in text_of(slow)
-        assert time.monotonic() - started < 10
 
 
 async def test_host_cancellation_reaches_upstream(tmp_path: Path) -> None:
@@ -137,9 +135,8 @@ async def test_crashed_upstream_fails_fast_and_is_restarted(tmp_path: Path) -> N
         # the other upstream is unaffected
         assert text_of(await call(session, "q__whoami")) == "q"
         # a call right after the crash fails fast with a clear message, not a hang
-        started = time.monotonic()
-        down = await call(session, "p__echo", {"text": "x"})
-        assert time.monotonic() - started < 5
+        with anyio.fail_after(5):  # the call timeout is 60 s: an answer within 5 s is not the timeout
+            down = await call(session, "p__echo", {"text": "x"})
         if down.is_error:
             assert "'p'" in text_of(down) and ("restart" in text_of(down) or "not available" in text_of(down))
         # ...and the gateway brings it back
