@@ -91,6 +91,13 @@ class ServerConfig(BaseModel):
     def _one_transport(self) -> ServerConfig:
         if bool(self.command) == bool(self.url):
             raise ValueError("give either `command` (stdio) or `url` (Streamable HTTP), not both and not neither")
+        if self.cwd and "${" not in self.cwd:
+            folder = Path(os.path.expanduser(self.cwd))
+            if not folder.is_dir():
+                where = (
+                    "" if folder.is_absolute() else f" (relative to {Path.cwd()}, where the host started the gateway)"
+                )
+                raise ValueError(f"cwd {self.cwd!r} is not a directory{where}: give an absolute path that exists")
         if self.max_response_size is not None:
             _check_response_size(self.max_response_size)
         if self.timeout_seconds <= 0 or self.init_timeout_seconds <= 0:
@@ -115,6 +122,21 @@ class ServerConfig(BaseModel):
         )
 
 
+def check_workspace(settings: Settings) -> None:
+    """The workspace exists (or can be made) and is writable; else a one-line ConfigError."""
+    folder = settings.gateway.workspace
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-check-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(
+            f"workspace {folder} is not writable ({exc.strerror or exc}): set [gateway] workspace (or CTX_WORKSPACE) "
+            "to a folder you can write"
+        ) from None
+
+
 def _check_response_size(value: int) -> int:
     if not MIN_RESPONSE_SIZE <= value <= MAX_RESPONSE_SIZE:
         raise ValueError(
@@ -126,23 +148,29 @@ def _check_response_size(value: int) -> int:
 class GatewaySettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     workspace: Path = Field(default_factory=default_workspace)
-    budget: int = 0
-    context_window: int = 0
+    budget: int = Field(0, ge=0)
+    context_window: int = Field(0, ge=0)
     max_response_size: int = 1048576
-    max_response_tokens: int = 0
+    max_response_tokens: int = Field(0, ge=0)
     separator: str = "__"
     plugins: list[str] | None = None  # None = every installed plugin; a list = exactly these, in this order
     disabled_plugins: list[str] = Field(default_factory=list)
     tool_mode: Literal["direct", "catalog", "auto"] = "direct"
     transport: Literal["stdio", "http"] = "stdio"
     host: str = "127.0.0.1"
-    port: int = 8808
+    port: int = Field(8808, ge=1, le=65535)
     auth_token: str = ""
 
     @field_validator("workspace", mode="before")
     @classmethod
     def _expand_workspace(cls, value: Any) -> Any:
-        return Path(os.path.expanduser(expand_vars(str(value)))) if value else default_workspace()
+        path = Path(os.path.expanduser(expand_vars(str(value)))) if value else default_workspace()
+        if not path.is_absolute():
+            raise ValueError(
+                f"{value!r} is a relative path: hosts start the gateway from a folder of their own, so give an "
+                "absolute path (or one starting with ~)"
+            )
+        return path
 
     @field_validator("plugins", "disabled_plugins", mode="before")
     @classmethod
@@ -246,7 +274,12 @@ def read_config_file(path: Path) -> dict[str, Any]:
     """A gateway TOML file, or a host `mcp.json` (`{"mcpServers": {...}}`), as a settings dict."""
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist (pass --config with an absolute path)")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path} is not UTF-8 text (byte {exc.start}): save it as UTF-8") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc.strerror or exc}") from None
     if path.suffix.lower() == ".json" or text.lstrip().startswith("{"):
         try:
             data = json.loads(text)

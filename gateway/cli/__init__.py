@@ -111,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_hook(statusline_mode=args.statusline)
         settings = _settings(args)
+        if args.command in ("serve", "inspect", "demo"):
+            from gateway.settings import check_workspace
+
+            check_workspace(settings)
         if args.command == "inspect":
             from gateway.cli.inspect import cmd_inspect
 

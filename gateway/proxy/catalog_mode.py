@@ -33,10 +33,17 @@ def one_line(text: str | None, limit: int = 120) -> str:
 
 
 class CatalogMode:
-    def __init__(self, routing: RoutingTable, call: CallFn, window: Callable[[str | None], int]):
+    def __init__(
+        self,
+        routing: RoutingTable,
+        call: CallFn,
+        window: Callable[[str | None], int],
+        wait_ready: Callable[[], Awaitable[None]] | None = None,
+    ):
         self.routing = routing
         self._call = call
         self._window = window
+        self._wait_ready = wait_ready
         self._index: SearchIndex | None = None
         self._indexed_version = -1
         self._validators: dict[str, Any] = {}
@@ -177,6 +184,9 @@ class CatalogMode:
         if not isinstance(arguments, dict):
             return error_result('tool_call: `arguments` must be an object, e.g. {"path": "/tmp/a.txt"}')
         tool = self.routing.tools.get(name)
+        if tool is None and self._wait_ready is not None:  # a call right after start: upstreams may be starting
+            await self._wait_ready()
+            tool = self.routing.tools.get(name)
         if tool is None:
             return error_result(f"tool_call: no upstream tool named {name!r}; use tool_search to find one")
         self._ensure_index()

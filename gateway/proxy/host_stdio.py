@@ -54,7 +54,7 @@ async def pipe_stdio_server() -> AsyncIterator[tuple[anyio.abc.ObjectReceiveStre
     write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](16)
     try:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(pump_lines, lambda: reader.read(READ_CHUNK), read_send)
+            tg.start_soon(pump_lines, lambda: reader.read(READ_CHUNK), read_send, "host", send)
             tg.start_soon(pump_writes, write_recv, send)
             try:
                 yield read_recv, write_send

@@ -84,6 +84,27 @@ def forwardable_meta(meta: Any) -> dict[str, Any]:
     }
 
 
+def unencodable(value: Any, path: str = "arguments") -> str | None:
+    """The path of the first string that cannot be encoded as UTF-8 (a lone surrogate), or None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = unencodable(key, path) if isinstance(key, str) else None
+            found = found or unencodable(item, f"{path}.{key}" if path != "arguments" else str(key))
+            if found:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            if found := unencodable(item, f"{path}.{i}"):
+                return found
+    return None
+
+
 def _page(items: Sequence[Any], cursor: str | None) -> tuple[list[Any], str | None]:
     try:
         start = int(cursor or 0)
@@ -109,7 +130,7 @@ class Gateway:
         self.llm = ModelEndpoint(settings.llm, workspace)
         self.window = ContextWindow(settings, self.llm)
         self.routing = RoutingTable(settings, self.upstreams)
-        self.catalog_mode = CatalogMode(self.routing, self.call, self._auto_window)
+        self.catalog_mode = CatalogMode(self.routing, self.call, self._auto_window, self.wait_ready)
         self.context = GatewayContext(
             settings=settings,
             routing=self.routing,
@@ -320,6 +341,13 @@ class Gateway:
             if route is None:
                 return error_result(self._unknown_tool(call.name))
         call.server, call.tool = route.server, route.name
+        if (where := unencodable(call.arguments)) is not None:
+            # a lone surrogate cannot be written to the upstream as UTF-8; sent, it would tear down the
+            # connection and every other call in flight on it
+            return error_result(
+                f"'{call.name}': argument `{where}` holds text that is not valid Unicode (a lone surrogate such "
+                "as \\ud800); send it as valid UTF-8 text. Nothing was sent to the server."
+            )
         upstream = self.routing.upstream_for(route)
         return await upstream.call_tool(
             route.name, call.arguments, call.meta, call.report_progress, host=(call.host_session, call.request_id)

@@ -23,13 +23,21 @@ log = logging.getLogger(__name__)
 READ_CHUNK = 1 << 20
 
 
+Reply = Callable[[bytes], Awaitable[Any]]
+
+
 async def pump_lines(
-    receive: Callable[[], Awaitable[bytes]], read_send: anyio.abc.ObjectSendStream[SessionMessage | Exception]
+    receive: Callable[[], Awaitable[bytes]],
+    read_send: anyio.abc.ObjectSendStream[SessionMessage | Exception],
+    peer: str = "upstream",
+    reply: Reply | None = None,
 ) -> None:
     """Newline-delimited JSON-RPC from a byte source into a message stream, in linear time.
 
     Each chunk is searched for a newline once and decoded as it arrives; a line's pieces are joined
-    once. Peak memory for a huge line is about twice its size (text + parsed value).
+    once. Peak memory for a huge line is about twice its size (text + parsed value). `peer` names the
+    other side in the log. With `reply`, a request that is not valid JSON-RPC is answered at once with
+    the JSON-RPC error (the SDK would only log it, and the sender would wait forever).
     """
     pending: list[str] = []
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
@@ -49,7 +57,12 @@ async def pump_lines(
                     line = "".join(pending)
                     pending.clear()
                     if line.strip():
-                        await read_send.send(_parse(line))
+                        message, raw = _parse(line, peer)
+                        answer = error_reply(raw, message) if reply is not None else None
+                        if answer is not None:
+                            await reply(answer)
+                        else:
+                            await read_send.send(message)
                     del line
                     begin = newline + 1
                     newline = chunk.find(b"\n", begin)
@@ -69,11 +82,42 @@ async def pump_writes(
             await send(data.encode("utf-8") + b"\n")
 
 
-def _parse(line: str) -> SessionMessage | Exception:
+_NOT_JSON = object()
+
+
+def _parse(line: str, peer: str) -> tuple[SessionMessage | Exception, Any]:
+    """The message (or the error) and the decoded JSON value (`_NOT_JSON` when it is not JSON)."""
     # json.loads + validate_python peaks at about half the memory of pydantic's validate_json on
     # large lines (measured: +109 MB vs +218 MB for a 57 MB line), and the strings are shared.
     try:
-        return SessionMessage(types.jsonrpc_message_adapter.validate_python(json.loads(line), by_name=False))
+        raw = json.loads(line)
     except ValueError as exc:
-        log.warning("upstream wrote a line that is not JSON-RPC: %r", line[:120])
-        return exc
+        log.warning("the %s sent a line that is not JSON: %r", peer, line[:120])
+        return exc, _NOT_JSON
+    try:
+        return SessionMessage(types.jsonrpc_message_adapter.validate_python(raw, by_name=False)), raw
+    except ValueError as exc:
+        log.warning("the %s sent a message that is not valid JSON-RPC: %r", peer, line[:120])
+        return exc, raw
+
+
+def error_reply(raw: Any, message: SessionMessage | Exception) -> bytes | None:
+    """The JSON-RPC error for an invalid request that a client would otherwise wait on forever."""
+    if not isinstance(message, Exception):
+        return None
+    if raw is _NOT_JSON:
+        code, text, msg_id = types.PARSE_ERROR, "Parse error: the line is not JSON", None
+    elif isinstance(raw, list):
+        code, text, msg_id = types.INVALID_REQUEST, "Invalid Request: batches are not supported", None
+    elif isinstance(raw, dict) and isinstance(raw.get("id"), (str, int)) and not isinstance(raw.get("id"), bool):
+        msg_id = raw["id"]
+        if "result" in raw or "error" in raw:
+            return None  # a malformed response: there is nobody to answer
+        if isinstance(raw.get("method"), str):
+            code, text = types.INVALID_PARAMS, f"Invalid params for {raw['method']}: {str(message).splitlines()[0]}"
+        else:
+            code, text = types.INVALID_REQUEST, "Invalid Request: a request needs a string `method`"
+    else:
+        return None  # a notification: no answer is expected
+    body = {"jsonrpc": "2.0", "id": msg_id, "error": {"code": code, "message": text}}
+    return json.dumps(body).encode("utf-8") + b"\n"

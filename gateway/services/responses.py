@@ -5,6 +5,7 @@ the model passes resolve safely inside the folder. Offload writes here; document
 from __future__ import annotations
 
 import base64
+import os
 import re
 import secrets
 import sys
@@ -34,6 +35,16 @@ MIME_EXT = {
     "text/markdown": "md",
     "text/csv": "csv",
 }
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
+    return True
 
 
 class StoreError(Exception):
@@ -135,14 +146,20 @@ class ResponseStore:
             matches = [m for m in matches if not m.name.startswith(".")]
             if not matches:
                 raise StoreError(self._missing(f"no offloaded response has the id {ref} (it may have expired)"))
-            return matches[0]
+            return self._confined(matches[0], ref)  # an id names a file too: the same checks as a path
         candidate = Path(ref).expanduser()
         if not candidate.is_absolute():
             candidate = self.folder / candidate
+        return self._confined(candidate, ref)
+
+    def _confined(self, candidate: Path, ref: str) -> Path:
+        """The real file behind `candidate`, if it lies inside the responses folder and is not a temp file."""
         try:
             real = candidate.resolve(strict=True)
         except (OSError, RuntimeError):
             raise StoreError(self._missing(f"{ref} does not exist")) from None
+        if real.name.startswith("."):  # a write in progress (or left by a crash): never served
+            raise StoreError(self._missing(f"{ref} is not a saved response"))
         root = self.folder.resolve()
         if not real.is_relative_to(root) or real == root:
             raise StoreError(
@@ -172,6 +189,20 @@ class ResponseStore:
                     item.unlink(missing_ok=True)
                 count += 1
         return count
+
+    def remove_stale_temp_files(self) -> int:
+        """Temp files of writes whose process is gone (a gateway killed mid-offload)."""
+        if not self.folder.is_dir():
+            return 0
+        removed = 0
+        for item in self.folder.glob(".*.tmp"):
+            parts = item.name.rsplit(".", 3)  # .<name>.<pid>.<thread>.tmp
+            pid = int(parts[1]) if len(parts) == 4 and parts[1].isdigit() else 0
+            if pid and _alive(pid):
+                continue
+            item.unlink(missing_ok=True)
+            removed += 1
+        return removed
 
     def remove_older_than(self, hours: float) -> int:
         if not self.folder.is_dir():

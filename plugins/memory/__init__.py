@@ -21,7 +21,7 @@ from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall
 from gateway.services.model_endpoint import LLMUnavailable
 from gateway.services.tokens import estimate_tokens
 from plugins.memory.guide import GUIDE
-from plugins.memory.sessions import RecallIndex, Session, SessionError, check_session_id
+from plugins.memory.sessions import AlreadyFolded, RecallIndex, Session, SessionError, check_session_id
 from plugins.memory.summary import INSTRUCTION, fallback_summary, with_identifiers
 
 log = logging.getLogger("plugins.memory")
@@ -223,7 +223,15 @@ class MemoryPlugin(Plugin):
                 f"smaller than the {len(fold)} notes it replaces ({folded_tokens} tokens); the notes stay as they are",
                 "tokens_used": before,
             }
-        entry = await anyio.to_thread.run_sync(session.append_compaction, summary, fold, writer.split(" (")[0])
+        try:
+            entry = await anyio.to_thread.run_sync(session.append_compaction, summary, fold, writer.split(" (")[0])
+        except AlreadyFolded as exc:
+            return {
+                "folded": 0,
+                "note": f"another compaction folded {len(exc.ids)} of these notes meanwhile; nothing was folded twice. "
+                "Call context_status to see the session now.",
+                "tokens_used": session.used_tokens(),
+            }
         return {
             "folded": len(fold),
             "folded_ids": [e.id for e in fold],

@@ -21,6 +21,14 @@ class SessionError(ValueError):
     pass
 
 
+class AlreadyFolded(Exception):
+    """Another compaction (another gateway on the same workspace) folded some of these notes first."""
+
+    def __init__(self, ids: list[str]):
+        super().__init__(", ".join(ids))
+        self.ids = ids
+
+
 def check_session_id(value: Any) -> str:
     if not isinstance(value, str) or not SESSION_ID.fullmatch(value) or ".." in value:
         raise SessionError(
@@ -144,7 +152,10 @@ class Session:
         created: list[dict[str, Any]] = []
 
         def records() -> list[dict[str, Any]]:
-            self.refresh()
+            self.refresh()  # under the log's lock: what another process folded meanwhile is seen here
+            taken = [e.id for e in folded if e.id not in self.entries or self.entries[e.id].superseded_by]
+            if taken:
+                raise AlreadyFolded(taken)
             sid = self.next_id("s")
             now = time.time()
             created[:] = [

@@ -31,10 +31,12 @@ def offload(
     cost: Cost,
     max_size: int,
     max_tokens: int,
+    written: list[Path] | None = None,
 ) -> types.CallToolResult | None:
     """The result saved to files and replaced by one fileRef reply; None when nothing in it can be saved.
     The reply states the result's cost (a structuredContent copy of the text counted once) as its size.
-    A write that fails (disk full, a file size limit) removes what this offload already wrote and raises."""
+    A write that fails (disk full, a file size limit) removes what this offload already wrote and raises.
+    `written` receives the path of every file saved, so a caller whose call was cancelled can remove them."""
     parts: list[tuple[str, Saved]] = []
     try:
         return _replace(store, call, result, cost, (max_size, max_tokens), parts)
@@ -42,6 +44,9 @@ def offload(
         for _, saved in parts:
             saved.path.unlink(missing_ok=True)
         raise
+    finally:
+        if written is not None:
+            written.extend(saved.path for _, saved in parts)
 
 
 def _replace(

@@ -11,7 +11,7 @@ import anyio
 import anyio.to_thread
 import ijson
 import mcp_types as types
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.args import Args, ToolInputError
 from gateway.handlers import guarded, tool
@@ -47,7 +47,7 @@ class OffloadSettings(BaseModel):
     """`[plugins.offload]`"""
 
     model_config = ConfigDict(extra="forbid")
-    response_ttl_hours: float = 48  # offloaded files older than this are removed at start
+    response_ttl_hours: float = Field(48, gt=0)  # offloaded files older than this are removed at start
 
 
 class OffloadPlugin(Plugin):
@@ -67,6 +67,8 @@ class OffloadPlugin(Plugin):
         self.ctx = ctx
         self.explorer = Explorer(ctx.responses)
         ttl = self.settings.response_ttl_hours
+        if stale := ctx.responses.remove_stale_temp_files():
+            log.info("removed %d temp files left by an interrupted offload", stale)
         removed = ctx.responses.remove_older_than(ttl)
         if removed:
             log.info("removed %d offloaded responses older than %s h", removed, ttl)
@@ -108,10 +110,16 @@ class OffloadPlugin(Plugin):
         if cost.size <= max_size and cost.tokens <= max_tokens:
             return result
         responses = self._ctx().responses
+        written: list[Path] = []
         try:
             replaced = await anyio.to_thread.run_sync(
-                fileref.offload, responses, call, result, cost, max_size, max_tokens
+                fileref.offload, responses, call, result, cost, max_size, max_tokens, written
             )
+        except anyio.get_cancelled_exc_class():
+            # the host cancelled (or went away) while the file was written: nobody will receive it
+            for path in written:
+                path.unlink(missing_ok=True)
+            raise
         except OSError as exc:  # never the oversized result instead: it would flood the context
             log.error("offload of %s failed: %s", call.name, exc)
             return error_result(
