@@ -17,11 +17,11 @@ import mcp_types as types
 from pydantic import BaseModel
 
 from gateway.progress import ProgressReporter, no_progress
+from gateway.services.responses import ResponseStore
 
 if TYPE_CHECKING:  # types only: the plugin API must not import the proxy at run time
     from gateway.proxy.routing import RoutingTable
     from gateway.services.model_endpoint import ModelEndpoint
-    from gateway.services.responses import ResponseStore
     from gateway.services.tokens import TokenEstimator
     from gateway.services.window import ContextWindow
     from gateway.settings import Settings
@@ -41,6 +41,7 @@ class ToolCall:
     host_session: Any = None  # the host's session and request id: an upstream's elicitation goes there
     request_id: Any = None
     meta: dict[str, Any] = field(default_factory=dict)  # the host's `_meta`, minus its own progress token
+    namespace: str = ""  # whose data this call may see: the HTTP token's name; "" = the one local user
 
 
 ToolHandler = Callable[[ToolCall], Awaitable[types.CallToolResult]]
@@ -69,6 +70,23 @@ class GatewayContext:
     @property
     def workspace(self) -> Path:
         return self.settings.gateway.workspace
+
+    def namespace_dir(self, namespace: str = "") -> Path:
+        """Where one namespace keeps its data: the workspace itself for the local user (stdio, a single
+        token), `ns/<name>/` below it for each named HTTP token."""
+        return self.workspace if not namespace else self.workspace / "ns" / namespace
+
+    def namespaces(self) -> list[str]:
+        """Every namespace that has data: "" and each `ns/<name>`."""
+        folder = self.workspace / "ns"
+        named = sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
+        return ["", *named]
+
+    def responses_for(self, namespace: str = "") -> ResponseStore:
+        """The responses store of one namespace (the default one is `responses`)."""
+        if not namespace:
+            return self.responses
+        return ResponseStore(self.namespace_dir(namespace) / "responses")
 
     def status(self, session_id: str) -> dict[str, Any]:
         """Every plugin's figures for one host connection (for context_status)."""

@@ -160,6 +160,7 @@ class GatewaySettings(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(8808, ge=1, le=65535)
     auth_token: str = ""
+    allowed_origins: list[str] = Field(default_factory=list)  # browser origins beyond loopback (HTTP front)
 
     @field_validator("workspace", mode="before")
     @classmethod
@@ -172,7 +173,7 @@ class GatewaySettings(BaseModel):
             )
         return path
 
-    @field_validator("plugins", "disabled_plugins", mode="before")
+    @field_validator("plugins", "disabled_plugins", "allowed_origins", mode="before")
     @classmethod
     def _split_names(cls, value: Any) -> Any:
         if isinstance(value, str):  # CTX_PLUGINS="offload,monitor" or a JSON list
@@ -191,19 +192,71 @@ class GatewaySettings(BaseModel):
             raise ValueError("separator must be one or more of A-Z a-z 0-9 _ - (hosts reject other characters)")
         return value
 
-    @model_validator(mode="after")
-    def _auth_off_loopback(self) -> GatewaySettings:
-        if self.transport == "http" and self.host not in LOOPBACK_HOSTS and not self.auth_token:
-            raise ValueError(
-                f"host {self.host!r} is not a loopback address: set auth_token (or CTX_AUTH_TOKEN) so that "
-                "every request needs `Authorization: Bearer <token>`, or bind 127.0.0.1"
-            )
-        return self
-
     @property
     def responses_dir(self) -> Path:
         """Where oversized results are written (`clean` empties it)."""
         return self.workspace / "responses"
+
+
+NAMESPACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}")
+
+
+class NamedToken(BaseModel):
+    """One client of a shared HTTP gateway: its bearer token and the namespace its data lives in."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    token: str
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not NAMESPACE.fullmatch(value):
+            raise ValueError(f"token name {value!r}: use 1-32 letters, digits, '-' or '_' (it names a folder)")
+        return value
+
+    @field_validator("token", mode="before")
+    @classmethod
+    def _expand(cls, value: Any) -> Any:
+        value = expand_vars(value) if isinstance(value, str) else value
+        if not isinstance(value, str) or len(value) < 16:
+            raise ValueError("a token must be at least 16 characters (use a random one: openssl rand -hex 24)")
+        return value
+
+
+class AuthSettings(BaseModel):
+    """`[auth]`: named bearer tokens for the HTTP front; each name gets its own namespace."""
+
+    model_config = ConfigDict(extra="forbid")
+    tokens: list[NamedToken] = Field(default_factory=list)  # [[auth.tokens]] name = "alice", token = "${ALICE}"
+    tokens_file: str = ""  # lines of `name token`; '#' starts a comment
+
+    def all_tokens(self) -> list[NamedToken]:
+        """The tokens of the table and of the file, names unique."""
+        found = list(self.tokens)
+        if self.tokens_file:
+            path = Path(os.path.expanduser(expand_vars(self.tokens_file)))
+            try:
+                lines = path.read_text(encoding="utf-8").splitlines()
+            except OSError as exc:
+                raise ConfigError(f"[auth] tokens_file {path} cannot be read: {exc.strerror or exc}") from None
+            for number, line in enumerate(lines, 1):
+                line = line.split("#", 1)[0].strip()
+                if not line:
+                    continue
+                parts = line.split()
+                if len(parts) != 2:
+                    raise ConfigError(f"{path}:{number}: write `name token` (two words)")
+                try:
+                    found.append(NamedToken(name=parts[0], token=parts[1]))
+                except ValidationError as exc:
+                    raise ConfigError(
+                        f"{path}:{number}: {exc.errors()[0]['msg'].removeprefix('Value error, ')}"
+                    ) from None
+        names = [t.name for t in found]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"[auth] token names must be unique: {', '.join(sorted(names))}")
+        return found
 
 
 class HostSettings(BaseModel):
@@ -246,6 +299,7 @@ class Settings(BaseSettings):
     servers: dict[str, ServerConfig] = Field(default_factory=dict)
     plugins: dict[str, dict[str, Any]] = Field(default_factory=dict)  # `[plugins.<name>]`, validated by each plugin
     hosts: dict[str, HostSettings] = Field(default_factory=dict)  # `[hosts."<clientInfo name>"]`
+    auth: AuthSettings = Field(default_factory=AuthSettings)
     config_path: Path | None = None
 
     @classmethod
@@ -264,6 +318,17 @@ class Settings(BaseSettings):
                     f"server name {name!r}: use letters, digits, '-' and single '_' (at most 32 characters)"
                 )
         return value
+
+    @model_validator(mode="after")
+    def _auth_off_loopback(self) -> Settings:
+        cfg = self.gateway
+        named = bool(self.auth.tokens or self.auth.tokens_file)
+        if cfg.transport == "http" and cfg.host not in LOOPBACK_HOSTS and not cfg.auth_token and not named:
+            raise ValueError(
+                f"host {cfg.host!r} is not a loopback address: set auth_token (or CTX_AUTH_TOKEN), or [[auth.tokens]], "
+                "so that every request needs `Authorization: Bearer <token>`; or bind 127.0.0.1"
+            )
+        return self
 
     @property
     def enabled_servers(self) -> dict[str, ServerConfig]:

@@ -190,3 +190,65 @@ def test_plugin_selection_trace_and_unknown_plugin(tmp_path: Path) -> None:
     unknown = run_cli("inspect", "--config", str(cfg), "--plugins", "offload,nope")
     assert unknown.returncode == 2 and "plugin 'nope' is not installed" in unknown.stderr
     assert "known plugins: documents, memory, monitor, offload" in unknown.stderr
+
+
+ALICE, BOB = "alice-token-0123456789abcdef", "bob-token-0123456789abcdefgh"
+
+
+async def _as(url: str, token: str):
+    """A host session over HTTP with a bearer token."""
+    from contextlib import asynccontextmanager
+
+    @asynccontextmanager
+    async def session():
+        async with (
+            httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=httpx2.Timeout(30)) as http,
+            streamable_http_client(url, http_client=http) as (read, write),
+            ClientSession(read, write) as s,
+        ):
+            await s.initialize()
+            yield s
+
+    return session()
+
+
+async def test_named_tokens_each_get_their_own_namespace(tmp_path: Path) -> None:
+    port = free_port()
+    cfg = write_config(tmp_path, {"p": probe("p")}, plugins=["offload", "memory", "documents"])
+    cfg.write_text(
+        cfg.read_text()
+        + f'\n[[auth.tokens]]\nname = "alice"\ntoken = "{ALICE}"\n\n[[auth.tokens]]\nname = "bob"\ntoken = "{BOB}"\n'
+    )
+    cmd = [PY, "-m", "gateway", "--config", str(cfg), "--transport", "http", "--port", str(port)]
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, env=gateway_env())
+    url = f"http://127.0.0.1:{port}/mcp"
+    try:
+        wait_listening(f"http://127.0.0.1:{port}/nothing", proc)
+        assert httpx2.post(url, json=INIT, headers=JSON_HEADERS).status_code == 401  # no token
+        async with await _as(url, ALICE) as alice, await _as(url, BOB) as bob:
+            big = await alice.call_tool("p__big", {"size": 300_000, "kind": "text"})
+            rid = json.loads(text_of(big))["fileRef"]["id"]
+            assert "/ns/alice/responses/" in json.loads(text_of(big))["fileRef"]["path"]
+            mine = await alice.call_tool("response_outline", {"path": rid})
+            assert not mine.is_error
+            theirs = await bob.call_tool("response_outline", {"path": rid})
+            assert theirs.is_error and rid not in text_of(theirs).split("Known response ids")[-1]
+            await alice.call_tool("context_append", {"session_id": "plan", "text": "alice's secret plan"})
+            peek = await bob.call_tool("context_recall", {"session_id": "plan", "query": "secret plan"})
+            assert "alice" not in text_of(peek)
+            await alice.call_tool("doc_ingest", {"text": "# Alice notes\n\nquarterly numbers", "title": "a"})
+            assert (await bob.call_tool("doc_list", {})).structured_content["documents"] == []
+    finally:
+        proc.terminate()
+        proc.wait(15)
+    assert (tmp_path / "ws" / "ns" / "alice" / "sessions" / "plan.jsonl").is_file()
+    assert not (tmp_path / "ws" / "ns" / "bob" / "sessions" / "plan.jsonl").exists()
+    assert not (tmp_path / "ws" / "sessions" / "plan.jsonl").exists()  # nor in the local user's namespace
+
+
+def test_allowed_origins_admit_a_browser_client(tmp_path: Path) -> None:
+    with http_gateway(tmp_path, "--allowed-origins", "https://app.example") as url:
+        allowed = httpx2.post(url, json=INIT, headers=JSON_HEADERS | {"origin": "https://app.example"})
+        assert allowed.status_code == 200
+        other = httpx2.post(url, json=INIT, headers=JSON_HEADERS | {"origin": "https://evil.example"})
+        assert other.status_code == 403

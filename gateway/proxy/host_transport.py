@@ -17,7 +17,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 
 from gateway import compat
 from gateway.proxy.host_stdio import pipe_stdio_server
-from gateway.proxy.server import Gateway
+from gateway.proxy.server import NAMESPACE_SCOPE_KEY, Gateway
 from gateway.settings import LOOPBACK_HOSTS
 
 log = logging.getLogger("gateway.host_transport")
@@ -69,29 +69,39 @@ async def serve_stdio(gateway: Gateway) -> None:
         tg.cancel_scope.cancel()
 
 
-def security_settings(host: str, port: int) -> TransportSecuritySettings:
+def security_settings(host: str, port: int, extra_origins: list[str] | None = None) -> TransportSecuritySettings:
     hosts = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
-    origins = ["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"]
+    origins = ["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*", *(extra_origins or [])]
     if host not in LOOPBACK_HOSTS and host not in ("0.0.0.0", "::"):
         hosts += [f"{host}:*", host]
         origins += [f"http://{host}:*", f"https://{host}:*"]
     if host in ("0.0.0.0", "::"):
         # Bound to every interface: the Host header cannot be predicted; the bearer token guards access.
-        return TransportSecuritySettings(enable_dns_rebinding_protection=False)
+        return TransportSecuritySettings(enable_dns_rebinding_protection=False, allowed_origins=origins)
     return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins)
 
 
 class BearerAuth:
-    """ASGI wrapper: every HTTP request must carry `Authorization: Bearer <token>`."""
+    """ASGI wrapper: every HTTP request must carry `Authorization: Bearer <token>` of a known token. The
+    token's name (its namespace; "" for `auth_token`) goes into the request scope for the tools."""
 
-    def __init__(self, app: Any, token: str):
+    def __init__(self, app: Any, tokens: dict[str, str]):
         self.app = app
-        self.expected = f"Bearer {token}".encode()
+        self.expected = [(f"Bearer {token}".encode(), name) for token, name in tokens.items()]
+
+    def _namespace(self, given: bytes) -> str | None:
+        found = None
+        for expected, name in self.expected:  # every token compared, in constant time each
+            if hmac.compare_digest(given, expected):
+                found = name
+        return found
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http":
             given = dict(scope.get("headers") or []).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
+            namespace = self._namespace(given)
+            scope[NAMESPACE_SCOPE_KEY] = namespace or ""
+            if namespace is None:
                 body = b'{"error": "missing or wrong bearer token (Authorization: Bearer <auth_token>)"}'
                 await send(
                     {
@@ -112,13 +122,16 @@ def build_http_app(gateway: Gateway) -> tuple[Any, StreamableHTTPSessionManager]
     cfg = gateway.settings.gateway
     manager = StreamableHTTPSessionManager(
         app=gateway.server,
-        security_settings=security_settings(cfg.host, cfg.port),
+        security_settings=security_settings(cfg.host, cfg.port, cfg.allowed_origins),
         session_idle_timeout=1800,
         max_request_body_size=16 * 1024 * 1024,
     )
     endpoint: Any = StreamableHTTPASGIApp(manager)
+    tokens = {t.token: t.name for t in gateway.settings.auth.all_tokens()}
     if cfg.auth_token:
-        endpoint = BearerAuth(endpoint, cfg.auth_token)
+        tokens[cfg.auth_token] = ""
+    if tokens:
+        endpoint = BearerAuth(endpoint, tokens)
     app = Starlette(routes=[Route("/mcp", endpoint=endpoint, methods=["GET", "POST", "DELETE"])])
     return app, manager
 

@@ -31,6 +31,7 @@ log = logging.getLogger("gateway.server")
 
 PAGE_SIZE = 100
 MAX_HOSTS = 64  # host connections remembered for list_changed pushes
+NAMESPACE_SCOPE_KEY = "mcp_context_gateway.namespace"  # set by the HTTP front's bearer check
 READY_WAIT_CAP = 30.0  # longest a tools/list waits for slow upstreams; later arrivals are pushed by list_changed
 
 
@@ -60,6 +61,14 @@ def session_id_of(ctx: ServerRequestContext[Any]) -> str:
             return sid
         return "http"
     return "stdio"
+
+
+def namespace_of(ctx: ServerRequestContext[Any]) -> str:
+    """Whose data a request may see: the name of the HTTP bearer token it carried ("" = the local user)."""
+    request = ctx.request
+    if request is None:
+        return ""
+    return str(request.scope.get(NAMESPACE_SCOPE_KEY) or "")
 
 
 def client_name(ctx: ServerRequestContext[Any]) -> str | None:
@@ -317,6 +326,7 @@ class Gateway:
             host_session=ctx.session,
             request_id=ctx.request_id,
             meta=forwardable_meta(params.meta),
+            namespace=namespace_of(ctx),
         )
         try:
             result = await self.call(call)

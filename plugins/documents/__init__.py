@@ -215,19 +215,20 @@ class DocumentsPlugin(Plugin):
 
     def __init__(self) -> None:
         self.ctx: GatewayContext | None = None
-        self.store: DocumentStore | None = None
+        self.stores: dict[str, DocumentStore] = {}  # one per namespace
         self.settings = DocumentsSettings()
 
     async def start(self, ctx: GatewayContext) -> None:
         self.ctx = ctx
-        self.store = DocumentStore(ctx.workspace / "documents" / "index.sqlite")
+        self._store("")  # a damaged index is found (and moved aside) at start
 
     async def stop(self) -> None:
-        if self.store is not None:
-            self.store.index.close()
+        for store in self.stores.values():
+            store.index.close()
 
     def status(self, session_id: str) -> dict[str, Any]:
-        return {"index": self.store.damaged_note} if self.store is not None and self.store.damaged_note else {}
+        notes = [f"{ns or 'default'}: {store.damaged_note}" for ns, store in self.stores.items() if store.damaged_note]
+        return {"index": "; ".join(notes)} if notes else {}
 
     def tools(self) -> list[PluginTool]:
         doc = {"doc_id": {"type": "string", "description": "from doc_ingest/doc_list, or an offloaded resp_ id"}}
@@ -262,9 +263,11 @@ class DocumentsPlugin(Plugin):
         assert self.ctx is not None
         return self.ctx.window.budget(session_id)
 
-    def _store(self) -> DocumentStore:
-        assert self.store is not None
-        return self.store
+    def _store(self, namespace: str) -> DocumentStore:
+        if namespace not in self.stores:
+            assert self.ctx is not None, "documents plugin not started"
+            self.stores[namespace] = DocumentStore(self.ctx.namespace_dir(namespace) / "documents" / "index.sqlite")
+        return self.stores[namespace]
 
     # -- ingest ----------------------------------------------------------------------------------
 
@@ -283,7 +286,7 @@ class DocumentsPlugin(Plugin):
             doc_id = "doc_" + hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:10]
             name = title or text.strip().splitlines()[0][:80]
             result = await anyio.to_thread.run_sync(
-                self._store().put, doc_id, name, "inline", text, kind_of(title or "", text)
+                self._store(call.namespace).put, doc_id, name, "inline", text, kind_of(title or "", text)
             )
             return self._ingested(result)
         roots = self.settings.ingest_roots
@@ -292,7 +295,12 @@ class DocumentsPlugin(Plugin):
             return await self._ingest_dir(real, roots, call)
         body = await anyio.to_thread.run_sync(read_text_file, real)
         result = await anyio.to_thread.run_sync(
-            self._store().put, _file_id(real), title or real.name, str(real), body, kind_of(real.name, body)
+            self._store(call.namespace).put,
+            _file_id(real),
+            title or real.name,
+            str(real),
+            body,
+            kind_of(real.name, body),
         )
         return self._ingested(result)
 
@@ -315,7 +323,7 @@ class DocumentsPlugin(Plugin):
                 skipped.append({"file": str(path.relative_to(folder)), "reason": str(exc)})
                 continue
             result = await anyio.to_thread.run_sync(
-                self._store().put, _file_id(real), real.name, str(real), body, kind_of(real.name, body)
+                self._store(call.namespace).put, _file_id(real), real.name, str(real), body, kind_of(real.name, body)
             )
             done.append(
                 {
@@ -341,14 +349,14 @@ class DocumentsPlugin(Plugin):
             f"'{result['doc_id']}', start=0)",
         }
 
-    def _ensure(self, doc_id: str) -> dict[str, Any]:
+    def _ensure(self, doc_id: str, namespace: str) -> dict[str, Any]:
         """A known document, or an offloaded response ingested on first use."""
-        found = self._store().get(doc_id)
+        found = self._store(namespace).get(doc_id)
         if found is not None:
             return found
         if ID_PATTERN.match(doc_id):
             assert self.ctx is not None
-            path = self.ctx.responses.resolve(doc_id)
+            path = self.ctx.responses_for(namespace).resolve(doc_id)
             if saved_kind(path) == "json":
                 if path.stat().st_size > MAX_JSON_AS_TEXT:
                     raise IngestError(f"{doc_id} is a large JSON result; use response_search / response_slice on it")
@@ -359,8 +367,8 @@ class DocumentsPlugin(Plugin):
                 kind = kind_of(path.name, text)
             else:
                 raise IngestError(f"{doc_id} is binary; it cannot be read as a document")
-            return self._store().put(doc_id, path.name, str(path), text, kind)
-        known = ", ".join(d["doc_id"] for d in self._store().list()[:10]) or "none yet"
+            return self._store(namespace).put(doc_id, path.name, str(path), text, kind)
+        known = ", ".join(d["doc_id"] for d in self._store(namespace).list()[:10]) or "none yet"
         raise IngestError(f"unknown doc_id {doc_id!r}; known documents: {known}")
 
     # -- reading -----------------------------------------------------------------------------------
@@ -370,9 +378,9 @@ class DocumentsPlugin(Plugin):
         doc_id = args.str("doc_id")
         limit = args.int("limit", 5, lo=1, hi=50)
         max_tokens = args.int("max_tokens", self._budget(call.session_id) // 2, lo=50, hi=1_000_000)
-        store = self._store()
+        store = self._store(call.namespace)
         if doc_id:
-            await anyio.to_thread.run_sync(self._ensure, doc_id)
+            await anyio.to_thread.run_sync(self._ensure, doc_id, call.namespace)
         where, params = ("doc = ?", (doc_id,)) if doc_id else ("", ())
         hits = await anyio.to_thread.run_sync(lambda: store.index.search(query, limit * 3, where, params))
         results, used, left = [], 0, 0
@@ -405,14 +413,14 @@ class DocumentsPlugin(Plugin):
         end = args.int("end", start, lo=0)
         if end < start:
             raise ToolInputError(f"doc_window: end {end} is before start {start}")
-        info = await anyio.to_thread.run_sync(self._ensure, doc_id)
+        info = await anyio.to_thread.run_sync(self._ensure, doc_id, call.namespace)
         total = info["chunks"]
         if start >= total:
             raise ToolInputError(
                 f"doc_window: {doc_id} has {total} chunks (0..{total - 1}); start {start} is past the end"
             )
         budget = self._budget(call.session_id) // 2
-        chunks = self._store().chunks(doc_id, start, min(end, total - 1))
+        chunks = self._store(call.namespace).chunks(doc_id, start, min(end, total - 1))
         shown, used = [], 0
         for chunk in chunks:
             if used + chunk["tokens"] > budget and shown:
@@ -431,14 +439,14 @@ class DocumentsPlugin(Plugin):
         return out
 
     async def list(self, args: Args, call: ToolCall) -> dict[str, Any]:
-        out: dict[str, Any] = {"documents": self._store().list()}
-        if self._store().damaged_note:
-            out["note"] = self._store().damaged_note
+        out: dict[str, Any] = {"documents": self._store(call.namespace).list()}
+        if self._store(call.namespace).damaged_note:
+            out["note"] = self._store(call.namespace).damaged_note
         return out
 
     async def forget(self, args: Args, call: ToolCall) -> dict[str, Any]:
         doc_id = args.str("doc_id", required=True)
-        if not self._store().forget(doc_id):
+        if not self._store(call.namespace).forget(doc_id):
             raise ToolInputError(f"doc_forget: unknown doc_id {doc_id!r}")
         return {"forgotten": doc_id}
 

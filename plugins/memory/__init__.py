@@ -40,27 +40,36 @@ class MemoryPlugin(Plugin):
 
     def __init__(self) -> None:
         self.ctx: GatewayContext | None = None
-        self.folder: Path | None = None
-        self.sessions: dict[str, Session] = {}
-        self.recall_index: RecallIndex | None = None
+        self.sessions: dict[tuple[str, str], Session] = {}  # (namespace, session id)
+        self.recall_indexes: dict[str, RecallIndex] = {}  # one per namespace
         self._locks: dict[str, anyio.Lock] = {}
 
     async def start(self, ctx: GatewayContext) -> None:
         self.ctx = ctx
-        self.folder = ctx.workspace / "sessions"
-        self.folder.mkdir(parents=True, exist_ok=True)
-        self.recall_index = RecallIndex(self.folder / "index.sqlite")
+        self._folder("").mkdir(parents=True, exist_ok=True)
+        self._recall_index("")  # a damaged index is found (and moved aside) at start, not at the first recall
 
     async def stop(self) -> None:
-        if self.recall_index is not None:
-            self.recall_index.index.close()
+        for index in self.recall_indexes.values():
+            index.index.close()
 
-    def _session(self, session_id: Any) -> Session:
+    def _folder(self, namespace: str) -> Path:
+        assert self.ctx is not None, "memory plugin not started"
+        return self.ctx.namespace_dir(namespace) / "sessions"
+
+    def _recall_index(self, namespace: str) -> RecallIndex:
+        if namespace not in self.recall_indexes:
+            self.recall_indexes[namespace] = RecallIndex(self._folder(namespace) / "index.sqlite")
+        return self.recall_indexes[namespace]
+
+    def _session(self, session_id: Any, namespace: str = "") -> Session:
         sid = check_session_id(session_id)
-        assert self.folder is not None
-        if sid not in self.sessions:
-            self.sessions[sid] = Session(sid, self.folder)
-        session = self.sessions[sid]
+        key = (namespace, sid)
+        if key not in self.sessions:
+            folder = self._folder(namespace)
+            folder.mkdir(parents=True, exist_ok=True)
+            self.sessions[key] = Session(sid, folder)
+        session = self.sessions[key]
         session.refresh()
         return session
 
@@ -135,7 +144,7 @@ class MemoryPlugin(Plugin):
     def _tool(self, fn: Any) -> Any:
         async def locked(args: Args, call: ToolCall) -> dict[str, Any]:
             sid = check_session_id(args.raw.get("session_id"))
-            async with self._locks.setdefault(sid, anyio.Lock()):  # calls on one session are serialized
+            async with self._locks.setdefault(f"{call.namespace}/{sid}", anyio.Lock()):  # one session: one at a time
                 return await fn(args, call)
 
         return guarded(locked, (SessionError,))
@@ -144,7 +153,7 @@ class MemoryPlugin(Plugin):
         return types.CallToolResult(content=[types.TextContent(text=GUIDE)])
 
     async def open(self, args: Args, call: ToolCall) -> dict[str, Any]:
-        session = await anyio.to_thread.run_sync(self._session, args.raw["session_id"])
+        session = await anyio.to_thread.run_sync(self._session, args.raw["session_id"], call.namespace)
         active = session.active()
         pinned = [e.view() for e in active if e.pinned]
         return {
@@ -160,13 +169,13 @@ class MemoryPlugin(Plugin):
     async def append(self, args: Args, call: ToolCall) -> dict[str, Any]:
         text = args.str("text", required=True, max_len=MAX_TEXT)
         pinned = args.bool("pinned", False)
-        session = self._session(args.raw["session_id"])
+        session = self._session(args.raw["session_id"], call.namespace)
         entry = await anyio.to_thread.run_sync(session.append_entry, text, pinned)
         return {"id": entry.id, "tokens": entry.tokens, "pinned": pinned, **self._usage(session, call.session_id)}
 
     async def status_tool(self, args: Args, call: ToolCall) -> dict[str, Any]:
         assert self.ctx is not None
-        session = await anyio.to_thread.run_sync(self._session, args.raw["session_id"])
+        session = await anyio.to_thread.run_sync(self._session, args.raw["session_id"], call.namespace)
         active = session.active()
         out: dict[str, Any] = {
             "session_id": session.id,
@@ -188,7 +197,7 @@ class MemoryPlugin(Plugin):
         keep_recent = args.int("keep_recent", 5, lo=0, hi=10_000)
         target = args.int("target_tokens", max(200, self._budget(call.session_id) // 4), lo=50, hi=100_000)
         dry_run = args.bool("dry_run", False)
-        session = self._session(args.raw["session_id"])
+        session = self._session(args.raw["session_id"], call.namespace)
         active = session.active()
         candidates = [e for e in active if not e.pinned]
         fold = candidates[: max(0, len(candidates) - keep_recent)]
@@ -243,10 +252,9 @@ class MemoryPlugin(Plugin):
         }
 
     async def recall(self, args: Args, call: ToolCall) -> dict[str, Any]:
-        assert self.recall_index is not None
         query = args.str("query", "", max_len=2000) or ""
         max_tokens = args.int("max_tokens", self._budget(call.session_id), lo=50, hi=1_000_000)
-        session = self._session(args.raw["session_id"])
+        session = self._session(args.raw["session_id"], call.namespace)
         active = session.active()
         position = {e.id: i for i, e in enumerate(active)}
         pinned = [e for e in active if e.pinned]
@@ -258,7 +266,11 @@ class MemoryPlugin(Plugin):
                 break
             out["pinned"].append(e.view())
             used += e.tokens
-        hits = await anyio.to_thread.run_sync(self.recall_index.search, session, query, 200) if query.strip() else []
+        hits = (
+            await anyio.to_thread.run_sync(self._recall_index(call.namespace).search, session, query, 200)
+            if query.strip()
+            else []
+        )
         n = max(1, len(active) - 1)
         scored = [
             (score * (1 + RECENCY_WEIGHT * position[key] / n), key)

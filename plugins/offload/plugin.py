@@ -57,7 +57,7 @@ class OffloadPlugin(Plugin):
 
     def __init__(self) -> None:
         self.ctx: GatewayContext | None = None
-        self.explorer: Explorer | None = None
+        self.explorers: dict[str, Explorer] = {}  # one per namespace: a caller sees only its own results
         self.offloaded = 0
         self.settings = OffloadSettings()
 
@@ -65,13 +65,13 @@ class OffloadPlugin(Plugin):
 
     async def start(self, ctx: GatewayContext) -> None:
         self.ctx = ctx
-        self.explorer = Explorer(ctx.responses)
         ttl = self.settings.response_ttl_hours
-        if stale := ctx.responses.remove_stale_temp_files():
-            log.info("removed %d temp files left by an interrupted offload", stale)
-        removed = ctx.responses.remove_older_than(ttl)
-        if removed:
-            log.info("removed %d offloaded responses older than %s h", removed, ttl)
+        for namespace in ctx.namespaces():
+            store = ctx.responses_for(namespace)
+            if stale := store.remove_stale_temp_files():
+                log.info("removed %d temp files left by an interrupted offload in %s", stale, store.folder)
+            if removed := store.remove_older_than(ttl):
+                log.info("removed %d offloaded responses older than %s h from %s", removed, ttl, store.folder)
         if not ijson.backend.startswith("yajl2_c"):
             log.warning("ijson runs on its %s backend, not the C one: large JSON files will be slow", ijson.backend)
 
@@ -109,7 +109,7 @@ class OffloadPlugin(Plugin):
         cost = result_cost(result)
         if cost.size <= max_size and cost.tokens <= max_tokens:
             return result
-        responses = self._ctx().responses
+        responses = self._ctx().responses_for(call.namespace)
         written: list[Path] = []
         try:
             replaced = await anyio.to_thread.run_sync(
@@ -143,7 +143,7 @@ class OffloadPlugin(Plugin):
                 "response_outline",
                 "Outline an offloaded result (fileRef id): type, keys, item counts, samples "
                 "and ready-to-use hints. Call this first; never read the whole file.",
-                handle(lambda: self._explorer().outline),
+                handle(lambda e: e.outline),
                 path,
                 ["path"],
             ),
@@ -151,7 +151,7 @@ class OffloadPlugin(Plugin):
                 "response_compress",
                 "A smaller view of an offloaded JSON result: first_of_array, sample_array, "
                 "truncate_strings, keys_only or select_keys, optionally below json_path.",
-                handle(lambda: self._explorer().compress),
+                handle(lambda e: e.compress),
                 path
                 | {
                     "mode": {"type": "string", "enum": list(MODES)},
@@ -167,7 +167,7 @@ class OffloadPlugin(Plugin):
                 "response_slice",
                 "One value of an offloaded JSON result by json_path, or a line range "
                 "(start_line, end_line) of any text result.",
-                handle(lambda: self._explorer().slice),
+                handle(lambda e: e.slice),
                 path | {"json_path": JSON_PATH, "start_line": {"type": "integer"}, "end_line": {"type": "integer"}},
                 ["path"],
             ),
@@ -175,21 +175,25 @@ class OffloadPlugin(Plugin):
                 "response_search",
                 "Find lines (text) or records (JSON) of an offloaded result containing the "
                 "query words; ranked, with paths or line numbers.",
-                handle(lambda: self._explorer().search),
+                handle(lambda e: e.search),
                 path | {"query": {"type": "string"}, "limit": {"type": "integer"}, "offset": {"type": "integer"}},
                 ["path", "query"],
             ),
         ]
 
-    def _explorer(self) -> Explorer:
-        assert self.explorer is not None, "offload plugin not started"
-        return self.explorer
+    def _explorer(self, namespace: str) -> Explorer:
+        if namespace not in self.explorers:
+            self.explorers[namespace] = Explorer(self._ctx().responses_for(namespace))
+        return self.explorers[namespace]
 
     def _tool(self, handler: Any) -> Any:
+        """`handler(explorer)` is the bound method to run for the caller's namespace."""
+
         async def threaded(args: Args, call: ToolCall) -> dict[str, Any]:
             budget = self._ctx().window.max_response_tokens(None, call.session_id)
+            method = handler(self._explorer(call.namespace))
             try:  # file work stays off the event loop
-                return await anyio.to_thread.run_sync(handler(), args, budget)
+                return await anyio.to_thread.run_sync(method, args, budget)
             except UnicodeDecodeError:
                 raise ToolInputError("the file is not UTF-8 text; open it with its openCmd instead") from None
             except BrokenJSON as exc:

@@ -48,3 +48,20 @@ def test_host_mcp_json(tmp_path: Path) -> None:
 def test_errors_are_one_clear_message(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
         load_settings(write(tmp_path, text), environ={})
+
+
+def test_named_tokens_from_the_table_and_a_file(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("# name token\nbob  bob-token-0123456789abcdef\n\n")
+    cfg = write(
+        tmp_path,
+        '[[auth.tokens]]\nname = "alice"\ntoken = "alice-token-0123456789ab"\n'
+        f'[auth]\ntokens_file = "{tokens}"\n[gateway]\ntransport = "http"\nhost = "0.0.0.0"\n',
+    )
+    settings = load_settings(cfg, environ={})  # named tokens satisfy "a token off loopback"
+    assert [t.name for t in settings.auth.all_tokens()] == ["alice", "bob"]
+    tokens.write_text("carol short\n")
+    with pytest.raises(ConfigError, match="tokens:1: a token must be at least 16 characters"):
+        settings.auth.all_tokens()
+    with pytest.raises(ConfigError, match=r"token name '\.\./x'"):
+        load_settings(write(tmp_path, '[[auth.tokens]]\nname = "../x"\ntoken = "0123456789abcdef0"\n'), environ={})
