@@ -133,3 +133,18 @@ def test_unreadable_config_and_unwritable_workspace_are_one_line_errors(tmp_path
     cfg = write_config(tmp_path, {}, workspace=str(blocker / "ws"))
     result = run_cli("inspect", "--config", str(cfg))
     assert result.returncode == 2 and "is not writable" in result.stderr and "Traceback" not in result.stderr
+
+
+async def test_small_input_holes(tmp_path: Path) -> None:
+    root = tmp_path / "docs"
+    root.mkdir()
+    (root / "a.md").write_text("# A\n\ntext")
+    settings = make_settings(
+        tmp_path, {}, plugin_settings={"documents": {"ingest_roots": [str(root)]}}, plugins=["documents", "memory"]
+    )
+    async with inproc(settings) as (_, session):
+        empty = await call(session, "doc_ingest", {"file_path": ""})
+        assert empty.is_error and "`file_path` is empty" in text_of(empty)  # not the whole root
+        newline = await call(session, "context_append", {"session_id": "x\n", "text": "t"})
+        assert newline.is_error and "session_id" in text_of(newline)
+    assert not [p for p in (tmp_path / "ws").rglob("*") if "\n" in p.name]
