@@ -19,10 +19,12 @@ from gateway.args import Args
 from gateway.handlers import guarded, tool
 from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall
 from gateway.services.model_endpoint import LLMUnavailable
+from gateway.services.search_index import query_terms
 from gateway.services.tokens import estimate_tokens
+from plugins.memory.gate import check, with_coverage
 from plugins.memory.guide import GUIDE
-from plugins.memory.sessions import AlreadyFolded, RecallIndex, Session, SessionError, check_session_id
-from plugins.memory.summary import INSTRUCTION, fallback_summary, with_identifiers
+from plugins.memory.sessions import AlreadyFolded, Entry, RecallIndex, Session, SessionError, check_session_id
+from plugins.memory.summary import INSTRUCTION, STRICT_INSTRUCTION, fallback_summary
 
 log = logging.getLogger("plugins.memory")
 
@@ -216,13 +218,8 @@ class MemoryPlugin(Plugin):
                 "kept": [e.id for e in active if e not in fold],
             }
         text = "\n\n".join(f"[{e.id}] {e.text}" for e in fold)
-        try:
-            summary = await self.ctx.llm.summarize(text, INSTRUCTION, max_tokens=target)
-            summary = with_identifiers(summary, fold)
-            writer = f"model ({self.ctx.llm.model or self.ctx.llm.base_url})"
-        except LLMUnavailable as exc:
-            summary = fallback_summary(fold, target)
-            writer = f"fallback (extractive; model endpoint unavailable: {exc})"
+        summary, writer, gate = await self._summarize(text, fold, target)
+        summary = with_coverage(summary, fold)
         folded_tokens = sum(e.tokens for e in fold)
         summary_tokens = estimate_tokens(summary)
         if summary_tokens >= folded_tokens:  # compaction must never grow a session
@@ -231,9 +228,12 @@ class MemoryPlugin(Plugin):
                 "note": f"nothing folded: the summary ({summary_tokens} tokens, {writer.split(' (')[0]}) would not be "
                 f"smaller than the {len(fold)} notes it replaces ({folded_tokens} tokens); the notes stay as they are",
                 "tokens_used": before,
+                "gate": gate,
             }
         try:
-            entry = await anyio.to_thread.run_sync(session.append_compaction, summary, fold, writer.split(" (")[0])
+            entry = await anyio.to_thread.run_sync(
+                session.append_compaction, summary, fold, writer.split(" (")[0], gate
+            )
         except AlreadyFolded as exc:
             return {
                 "folded": 0,
@@ -247,9 +247,48 @@ class MemoryPlugin(Plugin):
             "summary_id": entry.id,
             "summary": summary,
             "written_by": writer,
+            "gate": gate,
             "tokens_before": before,
             "tokens_after": session.used_tokens(),
         }
+
+    def _recall_folded(self, session: Session, query: str, out: dict[str, Any], used: int, max_tokens: int) -> int:
+        """The log keeps every original: query words the active notes and summaries do not contain are looked
+        up in the folded notes too, so a fact a summary dropped is never lost. Such hits say so."""
+        shown = " ".join(m["text"] for m in out["matches"] + out["pinned"]).lower()
+        missing = [t for t in query_terms(query) if t.lower() not in shown]
+        if not missing:
+            return used
+        folded = [e for e in session.entries.values() if e.superseded_by]
+        ranked = sorted(
+            ((sum(t.lower() in e.text.lower() for t in missing), e) for e in folded),
+            key=lambda pair: (-pair[0], pair[1].id),
+        )
+        for hits, entry in ranked:
+            if not hits or used + entry.tokens > max_tokens:
+                continue
+            view = entry.view() | {"from_folded_note": f"folded into {entry.superseded_by}"}
+            out["matches"].append(view)
+            used += entry.tokens
+        return used
+
+    async def _summarize(self, text: str, fold: list[Entry], target: int) -> tuple[str, str, str]:
+        """(summary, who wrote it, the gate's verdict). The model's summary must pass the gate; a failed one
+        is retried once with a stricter prompt, then the extractive fallback is kept."""
+        assert self.ctx is not None
+        failures: list[str] = []
+        try:
+            for instruction in (INSTRUCTION, STRICT_INSTRUCTION):
+                verdict = check(await self.ctx.llm.summarize(text, instruction, max_tokens=target), fold, target)
+                if not verdict.failed:
+                    model = self.ctx.llm.model or self.ctx.llm.base_url
+                    gate = "passed" if not failures else f"passed on the retry (first: {failures[0]})"
+                    return verdict.summary, f"model ({model})", gate
+                failures.append(verdict.failed)
+        except LLMUnavailable as exc:
+            return fallback_summary(fold, target), f"fallback (extractive; model endpoint unavailable: {exc})", "-"
+        gate = f"the model's summary failed twice ({'; '.join(failures)}): it may be too weak to summarize"
+        return fallback_summary(fold, target), "fallback (extractive; the model's summary failed the gate)", gate
 
     async def recall(self, args: Args, call: ToolCall) -> dict[str, Any]:
         query = args.str("query", "", max_len=2000) or ""
@@ -294,6 +333,8 @@ class MemoryPlugin(Plugin):
                 view["score"] = round(score, 3)
             out["matches"].append(view)
             used += entry.tokens
+        if query.strip():
+            used = self._recall_folded(session, query, out, used, max_tokens)
         if left:
             out.setdefault("left_out", {})["matches"] = left
             out["hint"] = "raise max_tokens or use a narrower query to see the rest"

@@ -98,6 +98,7 @@ class Session:
                     "summary": record["id"],
                     "folded": len(record.get("folds") or []),
                     "writer": record.get("writer"),
+                    "gate": record.get("gate", "-"),
                 }
         elif kind == "patch" and record.get("id") in self.entries:
             entry = self.entries[record["id"]]
@@ -148,7 +149,7 @@ class Session:
         self.refresh()
         return self.entries[created[0]["id"]]
 
-    def append_compaction(self, summary: str, folded: list[Entry], writer: str) -> Entry:
+    def append_compaction(self, summary: str, folded: list[Entry], writer: str, gate: str = "-") -> Entry:
         created: list[dict[str, Any]] = []
 
         def records() -> list[dict[str, Any]]:
@@ -168,6 +169,7 @@ class Session:
                     "tokens": estimate_tokens(summary),
                     "folds": [e.id for e in folded],
                     "writer": writer,
+                    "gate": gate,
                 }
             ]
             created.extend({"type": "patch", "id": e.id, "ts": now, "superseded_by": sid} for e in folded)

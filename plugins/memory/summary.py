@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from gateway.services.text import CJK_RUN
 from gateway.services.tokens import estimate_tokens
 from plugins.memory.sessions import Entry
 
@@ -17,6 +18,12 @@ INSTRUCTION = (
     "You compress a working session's notes so they can be recalled later. Write a concise summary. "
     "Keep every identifier, file path, command, number, error code, decision and open question exactly "
     "as written. Do not invent anything."
+)
+# The retry after a summary failed the gate: small models need the rules spelled out.
+STRICT_INSTRUCTION = (
+    "Summarize the notes below in a few short lines. Rules: use only names, numbers and words that appear in "
+    "the notes; copy identifiers, paths and numbers exactly; write each fact once; do not repeat any line; do "
+    "not add entry ids or anything the notes do not say; keep it shorter than the notes."
 )
 
 _IDENTIFIER = re.compile(
@@ -33,10 +40,21 @@ _IDENTIFIER = re.compile(
     r"|\b\d+\.\d+\.\d+\b"  # versions
 )
 _NUMBER = re.compile(r"\d")
+NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 
 
 def identifiers(text: str) -> list[str]:
     return list(dict.fromkeys(m.group().rstrip(".") for m in _IDENTIFIER.finditer(text)))
+
+
+def cjk_words(text: str) -> list[str]:
+    """Hangul, Kana and Han runs of two or more characters: the words the search index finds."""
+    return [w for w in CJK_RUN.findall(text) if len(w) >= 2]
+
+
+def distinctive_terms(text: str) -> list[str]:
+    """What a note must not lose: identifiers, paths, numbers and CJK words."""
+    return list(dict.fromkeys([*identifiers(text), *NUMBER.findall(text), *cjk_words(text)]))
 
 
 def _is_fact(line: str) -> bool:
@@ -44,7 +62,8 @@ def _is_fact(line: str) -> bool:
 
 
 def fallback_summary(entries: Sequence[Entry], target_tokens: int) -> str:
-    """Whole entries ranked by their facts and recency; fact lines kept verbatim; identifiers listed."""
+    """Whole entries ranked by their facts and recency; fact lines kept verbatim; the identifiers of the notes
+    that did not fit listed."""
     ranked = sorted(
         range(len(entries)),
         key=lambda i: (sum(_is_fact(ln) for ln in entries[i].text.splitlines()), i / max(1, len(entries))),
@@ -52,10 +71,12 @@ def fallback_summary(entries: Sequence[Entry], target_tokens: int) -> str:
     )
     all_ids: list[str] = []
     for entry in entries:
-        all_ids.extend(identifiers(entry.text))
+        all_ids.extend(distinctive_terms(entry.text))
     all_ids = list(dict.fromkeys(all_ids))
-    id_line = ("Identifiers mentioned: " + ", ".join(all_ids)) if all_ids else ""
-    room = max(40, target_tokens - estimate_tokens(id_line))
+    # room for whole fact lines: within the target, and well below what the notes cost (a summary must
+    # shrink the session); identifiers of notes left out are listed after them
+    budget = min(target_tokens, int(0.7 * sum(e.tokens for e in entries)))
+    room = max(40, budget - min(estimate_tokens(", ".join(all_ids)), budget // 3))
     chosen: dict[int, list[str]] = {}
     used = 0
     for i in ranked:
@@ -67,12 +88,8 @@ def fallback_summary(entries: Sequence[Entry], target_tokens: int) -> str:
         chosen[i] = facts
         used += cost
     body = [f"- {line}" for i in sorted(chosen) for line in chosen[i]]
+    kept = "\n".join(body)
+    missing = [i for i in all_ids if i not in kept]  # what the notes that did not fit mention
+    id_line = ("Also mentioned: " + ", ".join(missing)) if missing else ""
     header = f"Summary of {len(entries)} earlier notes (extractive: the model endpoint was not available)."
     return "\n".join([header, *body, *([id_line] if id_line else [])])
-
-
-def with_identifiers(summary: str, entries: Sequence[Entry]) -> str:
-    """A model-written summary plus any identifier it dropped, so recall still finds them."""
-    missing = [i for e in entries for i in identifiers(e.text) if i not in summary]
-    missing = list(dict.fromkeys(missing))
-    return summary + ("\nAlso mentioned: " + ", ".join(missing) if missing else "")

@@ -17,6 +17,10 @@ TEMPLATE_TOKENS = 23
 class FakeLLM:
     flavor: str = "lmstudio"  # lmstudio | ollama | llamacpp | openai
     summary_prefix: str = "SUMMARY"
+    # How it summarizes, reproducing what a small real model did: prefix (a plausible short summary),
+    # echo (the notes back, whole), loop (one line over and over), invent (adds a fact and an entry id no
+    # note has), drop-cjk (leaves out every note that is not ASCII), debris (chat-template tokens around it)
+    summary_mode: str = "prefix"
     fail_chat: bool = False
     constant_usage: bool = False
     requests: list[tuple[str, str, Any]] = field(default_factory=list)
@@ -78,7 +82,7 @@ class FakeLLM:
                     text = "".join(m.get("content", "") for m in body.get("messages", []))
                     prompt = 100 if fake.constant_usage else fake.count(text) + TEMPLATE_TOKENS
                     user = body["messages"][-1]["content"]
-                    content = f"{fake.summary_prefix}: {user[:300]}"
+                    content = fake.summary(user)
                     return self._send(
                         200,
                         {
@@ -105,6 +109,21 @@ class FakeLLM:
         if self.server is not None:
             self.server.shutdown()
             self.server.server_close()
+
+    def summary(self, notes: str) -> str:
+        lines = [ln for ln in notes.splitlines() if ln.strip()]
+        if self.summary_mode == "echo":
+            return notes
+        if self.summary_mode == "loop":
+            return "\n".join([lines[0]] + [lines[1 % len(lines)]] * 25)
+        if self.summary_mode == "invent":
+            return f"{self.summary_prefix}: {lines[0][:120]}\n[e00051] user_id_cache_failed:42 after 3 retries"
+        if self.summary_mode == "drop-cjk":
+            firsts = [ln[:60] for ln in lines if ln.startswith("[") and ln.isascii()]  # each note's first line
+            return f"{self.summary_prefix}:\n" + "\n".join(firsts)
+        if self.summary_mode == "debris":
+            return f"<|im_start|>assistant\n{self.summary_prefix}: {notes[:200]}<|im_end|>\n<end_of_turn>"
+        return f"{self.summary_prefix}: {notes[:300]}"
 
     def chat_calls(self) -> list[Any]:
         return [body for method, path, body in self.requests if path == "/v1/chat/completions"]
