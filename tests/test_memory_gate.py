@@ -4,6 +4,8 @@ a rule of the gate, and the session keeps every fact, never grows, never gains a
 from __future__ import annotations
 
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,15 +37,18 @@ NOTES = [
 FACTS = ["retry_limit_3", "settings/prod_7.toml", "INC-4105", "세션토큰", "healthcheck_2", "eu-central-2"]
 
 
-async def _compact(tmp_path: Path, mode: str) -> tuple[dict[str, Any], Any, Any]:
+@asynccontextmanager
+async def compacted(tmp_path: Path, mode: str) -> AsyncIterator[tuple[Any, dict[str, Any], FakeLLM]]:
+    """A gateway whose model endpoint summarizes in `mode`; the seeded session, compacted once."""
     fake = FakeLLM(summary_mode=mode).start()
     settings = make_settings(tmp_path, {}, plugins=["memory"], budget=4000, llm={"base_url": fake.url, "model": "m"})
-    return fake, settings, None
-
-
-async def _session(s: Any) -> None:
-    for text in NOTES:
-        await ok(s, "context_append", {"session_id": "g", "text": text})
+    try:
+        async with inproc(settings) as (_, s):
+            for text in NOTES:
+                await ok(s, "context_append", {"session_id": "g", "text": text})
+            yield s, await ok(s, "context_compact", {"session_id": "g", "keep_recent": 4}), fake
+    finally:
+        fake.stop()
 
 
 @pytest.mark.parametrize(
@@ -51,49 +56,31 @@ async def _session(s: Any) -> None:
     [("echo", "not shorter"), ("loop", "repeats itself"), ("invent", "states what no folded note says")],
 )
 async def test_a_failing_summary_is_retried_then_replaced_by_the_fallback(tmp_path: Path, mode: str, rule: str) -> None:
-    fake, settings, _ = await _compact(tmp_path, mode)
-    try:
-        async with inproc(settings) as (_, s):
-            await _session(s)
-            result = await ok(s, "context_compact", {"session_id": "g", "keep_recent": 4})
-            assert rule in result["gate"] and "failed twice" in result["gate"], result
-            assert result.get("written_by", "").startswith("fallback") and len(fake.chat_calls()) >= 2, result
-            assert result["tokens_after"] < result["tokens_before"]  # never grows
-            status = await ok(s, "context_status", {"session_id": "g"})
-            assert rule in status["last_compaction"]["gate"]
-            await _facts_kept(s)
-    finally:
-        fake.stop()
+    async with compacted(tmp_path, mode) as (s, result, fake):
+        assert rule in result["gate"] and "failed twice" in result["gate"], result
+        assert result.get("written_by", "").startswith("fallback") and len(fake.chat_calls()) >= 2, result
+        assert result["tokens_after"] < result["tokens_before"]  # never grows
+        status = await ok(s, "context_status", {"session_id": "g"})
+        assert rule in status["last_compaction"]["gate"]
+        await _facts_kept(s)
 
 
 async def test_a_summary_that_drops_a_korean_note_gets_it_back_verbatim(tmp_path: Path) -> None:
-    fake, settings, _ = await _compact(tmp_path, "drop-cjk")
-    try:
-        async with inproc(settings) as (_, s):
-            await _session(s)
-            result = await ok(s, "context_compact", {"session_id": "g", "keep_recent": 4})
-            assert result["gate"] == "passed" and result["written_by"].startswith("model")
-            assert KOREAN in result["summary"] and "Kept verbatim" in result["summary"]
-            await _facts_kept(s)
-    finally:
-        fake.stop()
+    async with compacted(tmp_path, "drop-cjk") as (s, result, _):
+        assert result["gate"] == "passed" and result["written_by"].startswith("model")
+        assert KOREAN in result["summary"] and "Kept verbatim" in result["summary"]
+        await _facts_kept(s)
 
 
 async def test_template_debris_is_stripped_and_dropped_words_are_found_in_folded_notes(tmp_path: Path) -> None:
-    fake, settings, _ = await _compact(tmp_path, "debris")
-    try:
-        async with inproc(settings) as (_, s):
-            await _session(s)
-            result = await ok(s, "context_compact", {"session_id": "g", "keep_recent": 4})
-            assert result["gate"] == "passed"
-            assert "<|im_end|>" not in result["summary"] and "<end_of_turn>" not in result["summary"]
-            await _facts_kept(s)
-            # a plain-word note the summary left out: recall finds the folded original and says so
-            cat = await ok(s, "context_recall", {"session_id": "g", "query": "tabby keyboard"})
-            hit = next(m for m in cat["matches"] if "tabby" in m["text"])
-            assert hit["text"] == NOTES[13] and "folded into s" in hit["from_folded_note"]
-    finally:
-        fake.stop()
+    async with compacted(tmp_path, "debris") as (s, result, _):
+        assert result["gate"] == "passed"
+        assert "<|im_end|>" not in result["summary"] and "<end_of_turn>" not in result["summary"]
+        await _facts_kept(s)
+        # a plain-word note the summary left out: recall finds the folded original and says so
+        cat = await ok(s, "context_recall", {"session_id": "g", "query": "tabby keyboard"})
+        hit = next(m for m in cat["matches"] if "tabby" in m["text"])
+        assert hit["text"] == NOTES[13] and "folded into s" in hit["from_folded_note"]
 
 
 async def _facts_kept(s: Any) -> None:
