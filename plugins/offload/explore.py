@@ -12,7 +12,7 @@ from gateway.args import Args, ToolInputError
 from gateway.services.responses import ResponseStore, id_of, open_command, saved_kind
 from gateway.services.text import human_size
 from gateway.services.tokens import estimate_tokens
-from plugins.offload import json_compress, json_outline, json_search, json_values, textfile
+from plugins.offload import json_compress, json_outline, json_search, json_values, query, textfile
 from plugins.offload.fit import cost, fit
 from plugins.offload.json_file import BrokenJSON, is_small
 from plugins.offload.paths import format_path, parse_path
@@ -62,10 +62,16 @@ class Explorer:
             info["compressionHints"] = [
                 f"response_slice(path='{rid}', start_line=1, end_line=50)",
                 f"response_search(path='{rid}', query='ERROR')",
+                f"response_query(path='{rid}', sql=\"SELECT count(*) FROM lines WHERE text LIKE '%ERROR%'\")",
             ]
+            info["tables"] = self.tables(path, kind)
             return self._fit(info, budget)
         info = json_outline.outline(path)
         info["compressionHints"] = _json_hints(rid, info)
+        tables = query._json_tables(path)
+        if tables:
+            info["tables"] = {name: (".".join(keys) or "$") for name, keys in tables.items()}
+            info["compressionHints"] += _query_hints(rid, info)
         return self._fit(info, budget)
 
     def _fit(self, payload: dict[str, Any], budget: int) -> dict[str, Any]:
@@ -206,6 +212,46 @@ class Explorer:
             return self._compressed(mode, steps, value)
         return self._compressed_file(mode, steps, iter([value]), whole=True)
 
+    def query(self, args: Args, budget: int) -> dict[str, Any]:
+        path = self._file(args)
+        sql = args.str("sql", required=True, max_len=20_000)
+        max_tokens = args.int("max_tokens", budget, lo=50, hi=1_000_000)
+        kind = self._kind(path)
+        if kind == "binary":
+            self._refuse_binary(path, "response_query")
+        try:
+            columns, rows, total = query.run(path, kind, sql)
+        except query.QueryError as exc:
+            raise ToolInputError(f"response_query: {exc}. Tables: {', '.join(self.tables(path, kind))}") from None
+        shown: list[Any] = []
+        used = cost(columns) + 20
+        for row in rows:
+            c = cost(row) + 1
+            if used + c > max_tokens:
+                break
+            shown.append(row)
+            used += c
+        out: dict[str, Any] = {"columns": columns, "rows": shown, "row_count": total}
+        if len(shown) < total:
+            out["note"] = (
+                f"{total - len(shown)} of {total} rows left out to fit {max_tokens} tokens: aggregate "
+                "(count, GROUP BY), filter (WHERE) or add LIMIT"
+            )
+            if len(rows) > len(shown):
+                saved = self.store.save_chunks(
+                    "response_query", iter([json.dumps({"columns": columns, "rows": rows}, ensure_ascii=False)]), "json"
+                )
+                out["fileRef"] = {"id": saved.id, "path": str(saved.path), "sizeHint": human_size(saved.size)}
+                if len(rows) < total:
+                    out["fileRef"]["note"] = f"the first {len(rows)} rows"
+        return out
+
+    def tables(self, path: Path, kind: str) -> list[str]:
+        """The tables a query on this result can use."""
+        if kind == "json":
+            return list(query._json_tables(path)) or ["(no array of objects in this result)"]
+        return ["items (CSV columns)", "lines(n, text)"] if query._looks_like_csv(path) else ["lines(n, text)"]
+
     def _compressed(self, mode: str, steps: list[Any], value: Any) -> dict[str, Any]:
         return {
             "json_path": format_path(steps),
@@ -284,4 +330,19 @@ def _json_hints(rid: str, info: dict[str, Any]) -> list[str]:
             keys = list(sample[0])[:3]
             hints.append(f"response_compress(path='{rid}', mode='select_keys', json_path='{base or '$'}', keys={keys})")
     hints.append(f"response_search(path='{rid}', query='<words or ids>')")
+    return hints
+
+
+def _query_hints(rid: str, info: dict[str, Any]) -> list[str]:
+    """Ready-to-send queries over `items`, so a small model sees the dialect once."""
+    hints = [f"response_query(path='{rid}', sql='SELECT count(*) FROM items')"]
+    arrays = sorted(((p, n) for p, n in info["itemCount"].items() if n), key=lambda kv: -kv[1])
+    sample = (info.get("samples") or {}).get(arrays[0][0]) if arrays else None
+    if sample and isinstance(sample[0], dict):
+        text_keys = [k for k, v in sample[0].items() if isinstance(v, str) and len(v) < 40]
+        if text_keys:
+            k = text_keys[-1]
+            hints.append(
+                f"response_query(path='{rid}', sql='SELECT \"{k}\", count(*) AS n FROM items GROUP BY 1 ORDER BY n DESC')"
+            )
     return hints

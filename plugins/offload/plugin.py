@@ -179,6 +179,13 @@ class OffloadPlugin(Plugin):
                 path | {"query": {"type": "string"}, "limit": {"type": "integer"}, "offset": {"type": "integer"}},
                 ["path", "query"],
             ),
+            tool(
+                "response_query",
+                "DuckDB SQL over a whole offloaded result (tables: items, lines(n, text); see response_outline).",
+                handle(lambda e: e.query),
+                path | {"sql": {"type": "string"}, "max_tokens": {"type": "integer"}},
+                ["path", "sql"],
+            ),
         ]
 
     def _explorer(self, namespace: str) -> Explorer:
