@@ -29,6 +29,9 @@ def _files(data: Path) -> None:
     (data / "sales.csv").write_text(
         "id,city,amount\n" + "\n".join(f"{i},{CITIES[i % 3]},{i * 2.5}" for i in range(3000))
     )
+    (data / "events.jsonl").write_text(
+        "\n".join(json.dumps({"id": i, "level": "error" if i % 4 == 0 else "info", "ms": i % 90}) for i in range(4000))
+    )
     (data / "app.log").write_text(
         "\n".join(
             f"2026-11-30T10:00:{i % 60:02d}Z {'ERROR' if i % 10 == 0 else 'INFO'} comp{i % 4} req {i}"
@@ -78,6 +81,9 @@ async def test_sql_over_real_results(tmp_path: Path) -> None:
         everything = await sql(orders, "SELECT * FROM items", max_tokens=500)
         assert everything["row_count"] == 4000 and len(everything["rows"]) < 4000 and "fileRef" in everything
 
+        events = await ref("events.jsonl")
+        levels = await sql(events, "SELECT level, count(*) FROM items GROUP BY 1 ORDER BY 1")
+        assert levels["rows"] == [["error", 1000], ["info", 3000]]
         per_city = await sql(sales, "SELECT city, sum(amount) FROM items GROUP BY 1 ORDER BY 1")
         assert [r[0] for r in per_city["rows"]] == sorted(CITIES)
         errors = await sql(

@@ -249,7 +249,12 @@ class Explorer:
     def tables(self, path: Path, kind: str) -> list[str]:
         """The tables a query on this result can use."""
         if kind == "json":
-            return list(query._json_tables(path)) or ["(no array of objects in this result)"]
+            try:
+                return list(query._json_tables(path)) or ["(no array of objects in this result)"]
+            except BrokenJSON:
+                pass
+        if query._looks_like_ndjson(path):
+            return ["items (one row per JSON line)", "lines(n, text)"]
         return ["items (CSV columns)", "lines(n, text)"] if query._looks_like_csv(path) else ["lines(n, text)"]
 
     def _compressed(self, mode: str, steps: list[Any], value: Any) -> dict[str, Any]:

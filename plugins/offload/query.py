@@ -19,6 +19,7 @@ from typing import Any
 from gateway.services.files import VersionedCache
 from gateway.services.text import dumps
 from plugins.offload import json_outline, json_values
+from plugins.offload.json_file import BrokenJSON
 from plugins.offload.paths import parse_path
 
 QUERY_SECONDS = 20.0
@@ -59,6 +60,17 @@ def _json_tables(result: Path) -> dict[str, list[str]]:
     return tables
 
 
+def _looks_like_ndjson(result: Path) -> bool:
+    """JSON Lines / NDJSON: the first lines are each one JSON object."""
+    with open(result, encoding="utf-8", errors="replace") as fh:
+        head = [fh.readline() for _ in range(5)]
+    head = [h for h in head if h.strip()]
+    try:
+        return len(head) >= 2 and all(isinstance(json.loads(h), dict) for h in head)
+    except ValueError:
+        return False
+
+
 def _looks_like_csv(result: Path) -> str | None:
     with open(result, encoding="utf-8", errors="replace") as fh:
         head = [fh.readline() for _ in range(6)]
@@ -83,8 +95,22 @@ def build(result: Path, kind: str) -> dict[str, list[str]]:
         with _BUILD_LOCK:
             conn = duckdb.connect(str(tmp), config={"threads": THREADS, "memory_limit": MEMORY_LIMIT})
             try:
+                ndjson_lines = kind != "json" and _looks_like_ndjson(result)
                 if kind == "json":
-                    for name, keys in _json_tables(result).items():
+                    try:
+                        tables = _json_tables(result)
+                    except BrokenJSON:  # several JSON values, one a line: JSON Lines saved as .json
+                        tables, ndjson_lines = {}, _looks_like_ndjson(result)
+                else:
+                    tables = {}
+                if ndjson_lines:
+                    conn.execute(
+                        "CREATE TABLE items AS SELECT * FROM read_json_auto(?, format='newline_delimited', "
+                        "maximum_object_size=104857600)",
+                        [str(result)],
+                    )
+                if kind == "json":
+                    for name, keys in tables.items():
                         ndjson = result.with_name(f".{result.name}.{name}.ndjson.tmp")
                         try:
                             with open(ndjson, "w", encoding="utf-8") as fh:
@@ -98,8 +124,8 @@ def build(result: Path, kind: str) -> dict[str, list[str]]:
                             )
                         finally:
                             ndjson.unlink(missing_ok=True)
-                else:
-                    sep = _looks_like_csv(result)
+                if kind != "json" or ndjson_lines:
+                    sep = None if ndjson_lines else _looks_like_csv(result)
                     if sep is not None:
                         conn.execute(
                             "CREATE TABLE items AS SELECT * FROM read_csv_auto(?, delim=?)", [str(result), sep]
@@ -128,7 +154,10 @@ def run(result: Path, kind: str, sql: str) -> tuple[list[str], list[list[Any]], 
 
     if not isinstance(sql, str) or not sql.strip():
         raise QueryError("`sql` is empty; e.g. SELECT count(*) FROM items")
-    build(result, kind)
+    try:
+        build(result, kind)
+    except (duckdb.Error, BrokenJSON) as exc:
+        raise QueryError(f"this result could not be turned into tables ({str(exc).splitlines()[0]})") from None
     conn = duckdb.connect(
         str(db_path(result)), read_only=True, config={"threads": THREADS, "memory_limit": MEMORY_LIMIT}
     )
