@@ -195,8 +195,8 @@ class ResponseStore:
         if not self.folder.is_dir():
             return 0
         removed = 0
-        for item in self.folder.glob(".*.tmp"):
-            parts = item.name.rsplit(".", 3)  # .<name>.<pid>.<thread>.tmp
+        for item in [*self.folder.glob(".*.tmp"), *self.folder.glob(".*.tmp.wal")]:
+            parts = item.name.removesuffix(".wal").rsplit(".", 3)  # .<name>.<pid>.<thread>.tmp
             pid = int(parts[1]) if len(parts) == 4 and parts[1].isdigit() else 0
             if pid and _alive(pid):
                 continue

@@ -15,7 +15,7 @@ from gateway.plugin import ToolCall
 from gateway.services.costs import Cost, looks_like_json
 from gateway.services.responses import ResponseStore, Saved, open_command
 from gateway.services.text import human_size
-from plugins.offload import textfile
+from plugins.offload import query, textfile
 from plugins.offload.json_file import BrokenJSON, is_small
 from plugins.offload.json_outline import outline, warm_outline
 
@@ -141,6 +141,7 @@ def inline_outline(saved: Saved) -> dict[str, Any]:
         out["itemCount"] = dict(itertools.islice(counts.items(), 5))
         return out
     warm_outline(saved.path)  # counts and samples are ready by the model's next call
+    query.warm(saved.path, "json")  # and the tables for response_query
     return _head_outline(saved.path)
 
 

@@ -11,6 +11,7 @@ configuration locked, bounded threads, memory and time.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 from pathlib import Path
@@ -22,8 +23,10 @@ from plugins.offload import json_outline, json_values
 from plugins.offload.json_file import BrokenJSON
 from plugins.offload.paths import parse_path
 
+log = logging.getLogger("plugins.offload")
 QUERY_SECONDS = 20.0
 MEMORY_LIMIT = "1GB"
+BUILD_MEMORY_LIMIT = "1GB"
 THREADS = 2
 FETCH_CAP = 5000  # rows read back at most; the total is counted separately
 _TABLES: VersionedCache[dict[str, list[str]]] = VersionedCache(max_items=32)
@@ -93,7 +96,8 @@ def build(result: Path, kind: str) -> dict[str, list[str]]:
         tmp = target.with_name(target.name + ".tmp")
         tmp.unlink(missing_ok=True)
         with _BUILD_LOCK:
-            conn = duckdb.connect(str(tmp), config={"threads": THREADS, "memory_limit": MEMORY_LIMIT})
+            # one thread: a conversion runs beside the other tools (it may be in the background)
+            conn = duckdb.connect(str(tmp), config={"threads": 1, "memory_limit": BUILD_MEMORY_LIMIT})
             try:
                 ndjson_lines = kind != "json" and _looks_like_ndjson(result)
                 if kind == "json":
@@ -146,6 +150,19 @@ def build(result: Path, kind: str) -> dict[str, list[str]]:
         return tables
 
     return _TABLES.get(result, make)
+
+
+def warm(result: Path, kind: str) -> None:
+    """Convert a large result in the background right after the offload, so the first query finds it ready
+    (a query that comes meanwhile waits for this conversion instead of starting another)."""
+
+    def convert() -> None:
+        try:
+            build(result, kind)
+        except Exception as exc:  # a result that cannot be converted: the first query will say why
+            log.debug("background conversion of %s failed: %s", result.name, exc)
+
+    threading.Thread(target=convert, name=f"duckdb:{result.name}", daemon=True).start()
 
 
 def run(result: Path, kind: str, sql: str) -> tuple[list[str], list[list[Any]], int]:
