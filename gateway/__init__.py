@@ -8,7 +8,7 @@ costs nothing at start-up.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 __version__ = "0.1.0"
 
@@ -66,16 +66,3 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
-
-
-if TYPE_CHECKING:
-    from gateway.args import Args, ToolInputError
-    from gateway.handlers import guarded, tool
-    from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall
-    from gateway.results import error_result, json_result, result_text
-    from gateway.services.jsonl_log import JsonlLog
-    from gateway.services.model_endpoint import LLMUnavailable
-    from gateway.services.responses import ResponseStore
-    from gateway.services.search_index import SearchIndex
-    from gateway.services.text import dumps, human_size
-    from gateway.services.tokens import estimate_tokens

@@ -8,10 +8,10 @@ for building tools are `gateway.handlers`, `gateway.args` and `gateway.results`.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import mcp_types as types
 from pydantic import BaseModel
@@ -19,8 +19,7 @@ from pydantic import BaseModel
 from gateway.progress import ProgressReporter, no_progress
 from gateway.services.responses import ResponseStore
 
-if TYPE_CHECKING:  # types only: the plugin API must not import the proxy at run time
-    from gateway.proxy.routing import RoutingTable
+if TYPE_CHECKING:  # types only: services the context hands out (no cycle: services never import the plugin API)
     from gateway.services.model_endpoint import ModelEndpoint
     from gateway.services.tokens import TokenEstimator
     from gateway.services.window import ContextWindow
@@ -55,12 +54,18 @@ class PluginTool:
     handler: ToolHandler
 
 
+class Routes(Protocol):
+    """What a plugin may know of the routing table: which host-facing tool names belong to an upstream."""
+
+    tool_routes: Mapping[str, Any]
+
+
 @dataclass
 class GatewayContext:
     """What a plugin may use of the gateway: its services, by name."""
 
     settings: Settings
-    routing: RoutingTable  # which host-facing tool names belong to which upstream
+    routing: Routes  # which host-facing tool names belong to which upstream
     llm: ModelEndpoint  # the user's model endpoint: summaries, window discovery, calibration
     responses: ResponseStore  # the workspace folder of offloaded results
     tokens: TokenEstimator

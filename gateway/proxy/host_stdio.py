@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 import anyio
 from mcp.shared.message import SessionMessage
 
-from gateway import compat
+import gateway.compat as compat
 from gateway.proxy.stdio_lines import READ_CHUNK, pump_lines, pump_writes
 
 

@@ -15,7 +15,7 @@ from mcp.server.stdio import stdio_server
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 
-from gateway import compat
+import gateway.compat as compat
 from gateway.proxy.host_stdio import pipe_stdio_server
 from gateway.proxy.server import NAMESPACE_SCOPE_KEY, Gateway
 from gateway.settings import LOOPBACK_HOSTS

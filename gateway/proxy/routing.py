@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import mcp_types as types
 
-from gateway import compat
+import gateway.compat as compat
 from gateway.proxy.upstream import Upstream
 from gateway.settings import Settings
 

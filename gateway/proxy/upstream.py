@@ -22,7 +22,7 @@ from mcp import ClientSession, MCPError
 from mcp.client.streamable_http import streamable_http_client
 from pydantic import ValidationError
 
-from gateway import compat
+import gateway.compat as compat
 from gateway.progress import ProgressReporter, no_progress
 from gateway.proxy.upstream_stdio import linear_stdio_client
 from gateway.results import error_result

@@ -13,7 +13,7 @@ from anyio.abc import Process
 from mcp.client.stdio import get_default_environment
 from mcp.shared.message import SessionMessage
 
-from gateway import compat
+import gateway.compat as compat
 from gateway.proxy.stdio_lines import READ_CHUNK, pump_lines, pump_writes
 
 TERMINATION_GRACE = 2.0  # after stdin closes, before SIGTERM to the process group
