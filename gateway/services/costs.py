@@ -41,7 +41,7 @@ def looks_like_json(text: str) -> bool:
     return bool(head) and ((head[0] == "{" and tail.endswith("}")) or (head[0] == "[" and tail.endswith("]")))
 
 
-def duplicated_text(structured: Any, texts: list[str]) -> int | None:
+def duplicated_text(structured: Any, texts: list[str], encoded: bytes | None = None) -> int | None:
     """The index of the text block that `structuredContent` repeats: the same JSON (any spacing), or an
     object one of whose string values is that text (`{"content": <the text>}`, as the filesystem server
     sends). None when it carries something of its own."""
@@ -53,7 +53,8 @@ def duplicated_text(structured: Any, texts: list[str]) -> int | None:
                 for i, text in enumerate(texts):
                     if len(value) == len(text) and value == text:
                         return i
-    encoded = pydantic_core.to_json(structured)
+    if encoded is None:
+        encoded = pydantic_core.to_json(structured)
     for i, text in enumerate(texts):
         if len(encoded) == len(text) and encoded.decode() == text:
             return i
@@ -96,7 +97,7 @@ def result_cost(result: types.CallToolResult) -> Cost:
         data = pydantic_core.to_json(result.structured_content)
         s_size, s_tokens = len(data), estimate_tokens(data.decode())
         text_blocks = [(i, b.text) for i, b in enumerate(result.content) if isinstance(b, types.TextContent)]
-        found = duplicated_text(result.structured_content, [t for _, t in text_blocks])
+        found = duplicated_text(result.structured_content, [t for _, t in text_blocks], data)
         if found is None:
             size, tokens = size + s_size, tokens + s_tokens
         else:

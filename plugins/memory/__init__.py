@@ -259,11 +259,13 @@ class MemoryPlugin(Plugin):
         missing = [t for t in query_terms(query) if t.lower() not in shown]
         if not missing:
             return used
-        folded = [e for e in session.entries.values() if e.superseded_by]
-        ranked = sorted(
-            ((sum(t.lower() in e.text.lower() for t in missing), e) for e in folded),
-            key=lambda pair: (-pair[0], pair[1].id),
-        )
+        missing = [t.lower() for t in missing]
+        scored = []
+        for e in session.entries.values():
+            if e.superseded_by:
+                text = e.text.lower()
+                scored.append((sum(t in text for t in missing), e))
+        ranked = sorted(scored, key=lambda pair: (-pair[0], pair[1].id))
         for hits, entry in ranked:
             if not hits or used + entry.tokens > max_tokens:
                 continue
