@@ -14,10 +14,12 @@ from collections.abc import Sequence
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
+import anyio.to_thread
 import mcp_types as types
 from pydantic import ValidationError
 
 from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall
+from gateway.services import spill
 
 if TYPE_CHECKING:
     from gateway.settings import Settings
@@ -143,8 +145,15 @@ class Pipeline:
                 log.warning("trace %s.on_tools_listed(session=%s) -> %d tools", plugin.name, session_id, len(tools))
         return tools
 
+    @property
+    def reads_spilled(self) -> bool:
+        """Whether any plugin takes results whose long texts stay on disk (then upstreams spill them)."""
+        return any(plugin.reads_spilled for plugin in self.plugins)
+
     async def on_tool_result(self, call: ToolCall, result: types.CallToolResult) -> types.CallToolResult:
         for plugin in self.plugins:
+            if not plugin.reads_spilled and spill.pending():
+                result = await anyio.to_thread.run_sync(spill.restore, result)
             try:
                 result = await plugin.on_tool_result(call, result)
             except Exception:

@@ -104,10 +104,13 @@ class Plugin:
     `order` places the plugin in the pipeline (lower runs first; ties by name): offload (100) must
     replace a result before the monitor (900) counts it. `settings_model` validates the plugin's
     `[plugins.<name>]` table; the validated instance is `self.settings` before `start` runs.
+    `reads_spilled` marks a plugin whose `on_tool_result` understands results whose long texts are
+    still on disk (`gateway.services.spill`); every other plugin is handed the text itself.
     """
 
     name: str = "plugin"
     order: ClassVar[int] = 500
+    reads_spilled: ClassVar[bool] = False
     settings_model: ClassVar[type[BaseModel] | None] = None
     settings: Any = None
 

@@ -22,8 +22,10 @@ from gateway.proxy.catalog_mode import CatalogMode
 from gateway.proxy.routing import URI_SEP, RoutingTable
 from gateway.proxy.upstream import Upstream
 from gateway.results import error_result
+from gateway.services import spill
 from gateway.services.model_endpoint import ModelEndpoint
 from gateway.services.responses import ResponseStore
+from gateway.services.spill import Spiller
 from gateway.services.window import ContextWindow
 from gateway.settings import Settings
 
@@ -131,11 +133,13 @@ class Gateway:
     def __init__(self, settings: Settings, plugins: Sequence[Plugin] | None = None):
         self.settings = settings
         workspace = settings.gateway.workspace
+        self.pipeline = build_pipeline(settings, plugins)
+        # a plugin that takes results with their long texts on disk lets upstreams spool huge replies
+        self.spiller = Spiller(workspace / "spill") if self.pipeline.reads_spilled else None
         self.upstreams = {
-            name: Upstream(name, cfg, workspace / "logs", on_change=self._upstream_changed)
+            name: Upstream(name, cfg, workspace / "logs", on_change=self._upstream_changed, spiller=self.spiller)
             for name, cfg in settings.enabled_servers.items()
         }
-        self.pipeline = build_pipeline(settings, plugins)
         self.llm = ModelEndpoint(settings.llm, workspace)
         self.window = ContextWindow(settings, self.llm)
         self.routing = RoutingTable(settings, self.upstreams)
@@ -174,6 +178,8 @@ class Gateway:
     @asynccontextmanager
     async def running(self) -> AsyncIterator[Gateway]:
         """Start every upstream owner task and the plugins; stop them all (concurrently) on exit."""
+        if self.spiller is not None:
+            self.spiller.remove_stale()
         async with anyio.create_task_group() as tg:
             for upstream in self.upstreams.values():
                 tg.start_soon(upstream.run, name=f"upstream:{upstream.name}")
@@ -336,7 +342,13 @@ class Gateway:
                 f"The gateway failed while handling '{params.name}': {exc}. This is a bug; "
                 "the gateway keeps serving. Try again or use another tool."
             )
-        return await self.pipeline.on_tool_result(call, result)
+        try:
+            reply = await self.pipeline.on_tool_result(call, result)
+            # long texts still on disk (no plugin took them) go out as text
+            return await anyio.to_thread.run_sync(spill.restore, reply) if spill.pending() else reply
+        finally:
+            if spill.pending():  # the spilled files of this call are settled: remove them
+                spill.release(result)
 
     async def call(self, call: ToolCall) -> types.CallToolResult:
         """Run a tool by its host-facing name (own tool or upstream); fills in `call.server`/`call.tool`."""

@@ -8,15 +8,18 @@ once, and feed the same `(read, write)` memory-stream pair the SDK uses, so `Cli
 
 from __future__ import annotations
 
-import codecs
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from pathlib import Path
+from typing import Any, BinaryIO
 
 import anyio
+import anyio.to_thread
 import mcp_types as types
 from mcp.shared.message import SessionMessage
+
+from gateway.services.spill import Spiller
 
 log = logging.getLogger(__name__)
 
@@ -31,16 +34,21 @@ async def pump_lines(
     read_send: anyio.abc.ObjectSendStream[SessionMessage | Exception],
     peer: str = "upstream",
     reply: Reply | None = None,
+    spiller: Spiller | None = None,
 ) -> None:
     """Newline-delimited JSON-RPC from a byte source into a message stream, in linear time.
 
-    Each chunk is searched for a newline once and decoded as it arrives; a line's pieces are joined
-    once. Peak memory for a huge line is about twice its size (text + parsed value). `peer` names the
-    other side in the log. With `reply`, a request that is not valid JSON-RPC is answered at once with
-    the JSON-RPC error (the SDK would only log it, and the sender would wait forever).
+    Each chunk is searched for a newline once; a line's pieces are joined once. Peak memory for a huge
+    line is about twice its size (text + parsed value) — unless a `spiller` is given: a line longer
+    than its threshold is written to a spool file as it arrives and read back with its long strings
+    left on disk (see `gateway.services.spill`). `peer` names the other side in the log. With `reply`,
+    a request that is not valid JSON-RPC is answered at once with the JSON-RPC error (the SDK would
+    only log it, and the sender would wait forever).
     """
-    pending: list[str] = []
-    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    pending: list[bytes] = []
+    pending_size = 0
+    refused = False
+    spool: BinaryIO | None = None
     try:
         async with read_send:
             while True:
@@ -53,23 +61,94 @@ async def pump_lines(
                 begin = 0
                 newline = chunk.find(b"\n")
                 while newline >= 0:
-                    pending.append(decoder.decode(chunk[begin:newline], final=True))
-                    line = "".join(pending)
+                    piece = chunk[begin:newline]
+                    if spool is not None:  # on failure, the line so far (piece included) is in pending
+                        spool = _spool_write(spool, piece, pending)
+                    else:
+                        pending.append(piece)
+                    if spool is not None:
+                        message, raw = await _read_spool(spiller, spool, peer)  # type: ignore[arg-type]
+                        spool = None
+                    else:
+                        line = b"".join(pending).decode("utf-8", "replace")
+                        message, raw = _parse(line, peer) if line.strip() else (None, None)
+                        del line
                     pending.clear()
-                    if line.strip():
-                        message, raw = _parse(line, peer)
+                    pending_size, refused = 0, False
+                    if message is not None:
                         answer = error_reply(raw, message) if reply is not None else None
                         if answer is not None:
                             await reply(answer)
                         else:
                             await read_send.send(message)
-                    del line
+                    del message, raw, piece
                     begin = newline + 1
                     newline = chunk.find(b"\n", begin)
                 if begin < len(chunk):
-                    pending.append(decoder.decode(chunk[begin:] if begin else chunk))
+                    rest = chunk[begin:] if begin else chunk
+                    if spool is not None:
+                        spool = _spool_write(spool, rest, pending)
+                        refused = spool is None
+                        continue
+                    pending.append(rest)
+                    pending_size += len(rest)
+                    if spiller is not None and pending_size > spiller.threshold and not refused:
+                        spool = _spool_open(spiller, pending)
+                        refused = spool is None  # the disk refused: this line stays in memory
     except (anyio.ClosedResourceError, anyio.BrokenResourceError):
         pass
+    finally:
+        if spool is not None:  # the stream ended mid-line: nobody will read this
+            spool.close()
+            Path(spool.name).unlink(missing_ok=True)
+
+
+def _spool_open(spiller: Spiller, pending: list[bytes]) -> BinaryIO | None:
+    """A spool file holding the line so far (and `pending` emptied); None (the line stays in memory)
+    when the disk refuses."""
+    try:
+        spool = open(spiller.new_path(".line"), "wb", buffering=0)  # noqa: SIM115 - closed in _read_spool
+    except OSError as exc:
+        log.warning("cannot spool a long line to disk (%s); it is read in memory", exc)
+        return None
+    data = b"".join(pending)
+    pending.clear()
+    return _spool_write(spool, data, pending)
+
+
+def _spool_write(spool: BinaryIO, data: bytes, pending: list[bytes]) -> BinaryIO | None:
+    """Append to the spool; when the disk refuses (full, a file size limit), the line so far moves back
+    into `pending` and None is returned: the line is finished in memory, as without a spiller."""
+    view = memoryview(data)
+    try:
+        while view:
+            written = spool.write(view)
+            view = view[written or 0 :]
+            if not written:
+                raise OSError("no progress writing the spool")
+    except OSError as exc:
+        log.warning("spooling a long line failed (%s); it is read in memory", exc)
+        path = Path(spool.name)
+        spool.close()
+        pending.append(path.read_bytes())
+        pending.append(bytes(view))
+        path.unlink(missing_ok=True)
+        return None
+    return spool
+
+
+async def _read_spool(spiller: Spiller, spool: BinaryIO, peer: str) -> tuple[SessionMessage | Exception, Any]:
+    """The message of a spooled line (read in a worker thread); the spool file is removed."""
+    path = Path(spool.name)
+    spool.close()
+    try:
+        raw = await anyio.to_thread.run_sync(spiller.read, path)
+    except (ValueError, OSError) as exc:
+        log.warning("the %s sent a long line that is not JSON (%s)", peer, exc)
+        return exc, _NOT_JSON
+    finally:
+        path.unlink(missing_ok=True)
+    return _validate(raw, peer, lambda: "<a long line>")
 
 
 async def pump_writes(
@@ -94,10 +173,14 @@ def _parse(line: str, peer: str) -> tuple[SessionMessage | Exception, Any]:
     except ValueError as exc:
         log.warning("the %s sent a line that is not JSON: %r", peer, line[:120])
         return exc, _NOT_JSON
+    return _validate(raw, peer, lambda: repr(line[:120]))
+
+
+def _validate(raw: Any, peer: str, shown: Callable[[], str]) -> tuple[SessionMessage | Exception, Any]:
     try:
         return SessionMessage(types.jsonrpc_message_adapter.validate_python(raw, by_name=False)), raw
     except ValueError as exc:
-        log.warning("the %s sent a message that is not valid JSON-RPC: %r", peer, line[:120])
+        log.warning("the %s sent a message that is not valid JSON-RPC: %s", peer, shown())
         return exc, raw
 
 

@@ -26,6 +26,7 @@ import gateway.compat as compat
 from gateway.progress import ProgressReporter, no_progress
 from gateway.proxy.upstream_stdio import linear_stdio_client
 from gateway.results import error_result
+from gateway.services.spill import Spiller
 from gateway.settings import ServerConfig
 
 log = logging.getLogger("gateway.upstream")
@@ -74,8 +75,10 @@ class Upstream:
         config: ServerConfig,
         log_dir: Path,
         on_change: Callable[[Upstream], Awaitable[None]] | None = None,
+        spiller: Spiller | None = None,
     ):
         self.name = name
+        self.spiller = spiller  # long replies of a stdio server are spooled to disk (bounded memory)
         self.config = config
         self.log_path = log_dir / f"{name}.log"
         self.on_change = on_change
@@ -166,7 +169,13 @@ class Upstream:
             with open(self.log_path, "ab") as errlog:
                 self._log_mark = errlog.tell()
                 async with linear_stdio_client(
-                    cfg.command, cfg.args, cfg.env, cfg.cwd or None, errlog, on_exit=self._on_stdout_closed
+                    cfg.command,
+                    cfg.args,
+                    cfg.env,
+                    cfg.cwd or None,
+                    errlog,
+                    on_exit=self._on_stdout_closed,
+                    spiller=self.spiller,
                 ) as streams:
                     yield streams
         else:

@@ -15,6 +15,7 @@ from mcp.shared.message import SessionMessage
 
 import gateway.compat as compat
 from gateway.proxy.stdio_lines import READ_CHUNK, pump_lines, pump_writes
+from gateway.services.spill import Spiller
 
 TERMINATION_GRACE = 2.0  # after stdin closes, before SIGTERM to the process group
 KILL_GRACE = 2.0  # after SIGTERM, before SIGKILL
@@ -55,11 +56,13 @@ async def linear_stdio_client(
     cwd: str | None,
     errlog: IO[bytes],
     on_exit: Callable[[], None] | None = None,
+    spiller: Spiller | None = None,
 ) -> AsyncIterator[tuple[anyio.abc.ObjectReceiveStream, anyio.abc.ObjectSendStream]]:
     """Start `command` and yield `(read, write)` streams for `ClientSession`.
 
     `on_exit` is called when the child's stdout ends (the child died or closed it), so the
-    owner can reconnect instead of waiting for a call to fail.
+    owner can reconnect instead of waiting for a call to fail. With `spiller`, long lines are spooled
+    to disk as they arrive (bounded memory for huge results).
     """
     process = await _spawn(command, args, get_default_environment() | (env or {}), cwd or None, errlog)
     read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](16)
@@ -68,7 +71,7 @@ async def linear_stdio_client(
     async def reader() -> None:
         assert process.stdout is not None
         try:
-            await pump_lines(lambda: process.stdout.receive(READ_CHUNK), read_send)  # type: ignore[union-attr]
+            await pump_lines(lambda: process.stdout.receive(READ_CHUNK), read_send, spiller=spiller)  # type: ignore[union-attr]
         finally:
             if on_exit is not None:
                 on_exit()

@@ -16,6 +16,7 @@ from typing import Any
 import mcp_types as types
 import pydantic_core
 
+from gateway.services import spill
 from gateway.services.media import audio_tokens, image_tokens
 from gateway.services.text import utf8_size
 from gateway.services.tokens import estimate_tokens
@@ -67,9 +68,15 @@ def duplicated_text(structured: Any, texts: list[str], encoded: bytes | None = N
     return None
 
 
+def _text_cost(text: str) -> tuple[int, int]:
+    if (part := spill.of(text)) is not None:  # still on disk: its figures were taken as it was written
+        return part.size, part.tokens
+    return utf8_size(text), estimate_tokens(text)
+
+
 def _block_cost(block: Any) -> tuple[int, int]:
     if isinstance(block, types.TextContent):
-        return utf8_size(block.text), estimate_tokens(block.text)
+        return _text_cost(block.text)
     if isinstance(block, types.ImageContent):
         return len(block.data), image_tokens(block.data)
     if isinstance(block, types.AudioContent):
@@ -77,7 +84,7 @@ def _block_cost(block: Any) -> tuple[int, int]:
     if isinstance(block, types.EmbeddedResource):
         res = block.resource
         if isinstance(res, types.TextResourceContents):
-            return utf8_size(res.text), estimate_tokens(res.text)
+            return _text_cost(res.text)
         mime = res.mime_type or ""
         if mime.startswith("image/"):
             return len(res.blob), image_tokens(res.blob)
@@ -94,10 +101,8 @@ def result_cost(result: types.CallToolResult) -> Cost:
     size, tokens = sum(c[0] for c in costs), sum(c[1] for c in costs)
     duplicate = None
     if result.structured_content is not None:
-        data = pydantic_core.to_json(result.structured_content)
-        s_size, s_tokens = len(data), estimate_tokens(data.decode())
         text_blocks = [(i, b.text) for i, b in enumerate(result.content) if isinstance(b, types.TextContent)]
-        found = duplicated_text(result.structured_content, [t for _, t in text_blocks], data)
+        s_size, s_tokens, found = _structured_cost(result.structured_content, [t for _, t in text_blocks])
         if found is None:
             size, tokens = size + s_size, tokens + s_tokens
         else:
@@ -106,3 +111,20 @@ def result_cost(result: types.CallToolResult) -> Cost:
             size += max(0, s_size - t_size)
             tokens += max(0, s_tokens - t_tokens)
     return Cost(size, tokens, duplicate)
+
+
+def _structured_cost(structured: Any, texts: list[str]) -> tuple[int, int, int | None]:
+    """Size and tokens of a structuredContent, and the text block it repeats (if any). Parts of it
+    still on disk count at their own size (a spilled copy of a text has the text's own marker)."""
+    if (raw := spill.of_value(structured)) is not None:
+        for i, text in enumerate(texts):
+            part = spill.of(text)
+            if part is not None and 0.8 * raw.size <= part.size <= 1.6 * raw.size and spill.same_json(part, raw):
+                return raw.size, raw.tokens, i
+        return raw.size, raw.tokens, None
+    data = pydantic_core.to_json(structured)
+    size, tokens = len(data), estimate_tokens(data.decode())
+    for key in set(spill.keys_in(structured)):
+        if (part := spill.of(spill.MARK + key)) is not None:  # the marker's place holds the whole text
+            size, tokens = size + part.size - len(spill.MARK + key), tokens + part.tokens
+    return size, tokens, duplicated_text(structured, texts, data)

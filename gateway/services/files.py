@@ -13,6 +13,17 @@ T = TypeVar("T")
 FileVersion = tuple[str, int, int]
 
 
+def process_alive(pid: int) -> bool:
+    """Whether a process with this id runs (files named after their writer's pid are its own)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
+    return True
+
+
 def file_version(path: Path) -> FileVersion:
     """A cache key that changes when the file does (path, size, mtime)."""
     st = path.stat()

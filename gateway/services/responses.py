@@ -5,7 +5,6 @@ the model passes resolve safely inside the folder. Offload writes here; document
 from __future__ import annotations
 
 import base64
-import os
 import re
 import secrets
 import sys
@@ -14,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.services.files import atomic_write
+from gateway.services import spill
+from gateway.services.files import atomic_write, process_alive
 
 ID_PATTERN = re.compile(r"^resp_[0-9a-f]{8}$")
 _SLICE = 1 << 20
@@ -35,16 +35,6 @@ MIME_EXT = {
     "text/markdown": "md",
     "text/csv": "csv",
 }
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OSError):
-        return True
-    return True
 
 
 class StoreError(Exception):
@@ -113,6 +103,13 @@ class ResponseStore:
         path = self._target(stem, rid, "json" if kind == "json" else "txt")
         atomic_write(path, lambda fh: [fh.write(c.encode("utf-8", "surrogatepass")) for c in chunks])
         return Saved(rid, path, path.stat().st_size, kind, "application/json" if kind == "json" else "text/plain")
+
+    def adopt(self, stem: str, part: spill.Spilled, kind: str) -> Saved:
+        """A text or JSON the upstream reader already wrote to disk, moved here (not read again)."""
+        rid = self.new_id()
+        path = self._target(stem, rid, "json" if kind == "json" else "txt")
+        size = spill.adopt(part, path)
+        return Saved(rid, path, size, kind, "application/json" if kind == "json" else "text/plain")
 
     def save_base64(self, stem: str, data: str | bytes, mime: str) -> Saved:
         """An image, audio clip or blob as the decoded file, named by its MIME type."""
@@ -198,7 +195,7 @@ class ResponseStore:
         for item in [*self.folder.glob(".*.tmp"), *self.folder.glob(".*.tmp.wal")]:
             parts = item.name.removesuffix(".wal").rsplit(".", 3)  # .<name>.<pid>.<thread>.tmp
             pid = int(parts[1]) if len(parts) == 4 and parts[1].isdigit() else 0
-            if pid and _alive(pid):
+            if pid and process_alive(pid):
                 continue
             item.unlink(missing_ok=True)
             removed += 1

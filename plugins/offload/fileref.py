@@ -12,6 +12,7 @@ import mcp_types as types
 import pydantic_core
 
 from gateway.plugin import ToolCall
+from gateway.services import spill
 from gateway.services.costs import Cost, looks_like_json
 from gateway.services.responses import ResponseStore, Saved, open_command
 from gateway.services.text import human_size
@@ -63,19 +64,21 @@ def _replace(
     inline: list[Any] = []
     structured = result.structured_content
     if structured is not None and cost.duplicate is None:
-        data = pydantic_core.to_json(structured).decode()
-        parts.append(("structuredContent", store.save_text(stem, data, "json")))
+        if (raw := spill.of_value(structured)) is not None:
+            parts.append(("structuredContent", store.adopt(stem, raw, "json")))
+        else:
+            data = pydantic_core.to_json(spill.restored(structured)).decode()
+            parts.append(("structuredContent", store.save_text(stem, data, "json")))
     for i, block in enumerate(result.content):
         label = f"content[{i}]"
         if isinstance(block, types.TextContent):
-            parts.append((label, store.save_text(stem, block.text, "json" if looks_like_json(block.text) else "text")))
+            parts.append((label, _save_text(store, stem, block.text)))
         elif isinstance(block, (types.ImageContent, types.AudioContent)):
             parts.append((f"{label} {block.mime_type}", store.save_base64(stem, block.data, block.mime_type)))
         elif isinstance(block, types.EmbeddedResource):
             res = block.resource
             if isinstance(res, types.TextResourceContents):
-                kind = "json" if looks_like_json(res.text) else "text"
-                parts.append((f"{label} {res.uri}", store.save_text(stem, res.text, kind)))
+                parts.append((f"{label} {res.uri}", _save_text(store, stem, res.text)))
             else:
                 mime = res.mime_type or "application/octet-stream"
                 parts.append((f"{label} {res.uri}", store.save_base64(stem, res.blob, mime)))
@@ -119,6 +122,13 @@ def _replace(
     return types.CallToolResult(
         content=[types.TextContent(text=text), *inline], is_error=result.is_error, _meta=result.meta
     )
+
+
+def _save_text(store: ResponseStore, stem: str, text: str) -> Saved:
+    """A text block as a file: moved into place when the upstream reader left it on disk."""
+    if (part := spill.of(text)) is not None:
+        return store.adopt(stem, part, "json" if part.looks_like_json() else "text")
+    return store.save_text(stem, text, "json" if looks_like_json(text) else "text")
 
 
 def inline_outline(saved: Saved) -> dict[str, Any]:

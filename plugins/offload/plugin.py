@@ -54,6 +54,7 @@ class OffloadPlugin(Plugin):
     name = "offload"
     order = 100  # first: the plugins after it (the monitor) see the fileRef, not the oversized result
     settings_model = OffloadSettings
+    reads_spilled = True  # a huge reply's texts stay on disk and are moved into the workspace, never read
 
     def __init__(self) -> None:
         self.ctx: GatewayContext | None = None

@@ -7,6 +7,7 @@ import itertools
 import re
 from array import array
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,18 +63,17 @@ def outline(path: Path) -> dict[str, Any]:
     tail: list[str] = []
     count = 0
     longest = 0
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        for count, line in enumerate(fh, 1):
-            if count <= HEAD_LINES:
-                head.append(_cut(line))
-            tail.append(line)
-            if len(tail) > TAIL_LINES:
-                tail.pop(0)
-            longest = max(longest, len(line))
-            if count <= 200_000 or count % 10 == 0:  # shapes from a sample of very long files
-                shapes[shape(line)] += 1
-            if (level := _LEVEL.search(line, 0, 120)) is not None:
-                levels[level.group(1)] += 1
+    for count, line in enumerate(_lines(path), 1):
+        if count <= HEAD_LINES:
+            head.append(_cut(line))
+        tail.append(line)
+        if len(tail) > TAIL_LINES:
+            tail.pop(0)
+        longest = max(longest, len(line))
+        if count <= 200_000 or count % 10 == 0:  # shapes from a sample of very long files
+            shapes[shape(line)] += 1
+        if (level := _LEVEL.search(line, 0, 120)) is not None:
+            levels[level.group(1)] += 1
     return {
         "type": "text",
         "size": path.stat().st_size,
@@ -97,7 +97,23 @@ def lines(path: Path, start: int, end: int) -> tuple[list[str], int]:
         fh.seek(offsets[start - 1])
         stop = offsets[end] if end < total else path.stat().st_size
         data = fh.read(stop - offsets[start - 1])
-    return data.decode("utf-8", errors="replace").splitlines(), total
+    return _split(data.decode("utf-8", errors="replace")), total
+
+
+def _split(text: str) -> list[str]:
+    """Lines ended by \n only, as the line index and `grep -n` count them (splitlines would also end
+    a line at U+2028, \x0b or a lone \r)."""
+    out = text.split("\n")
+    if out and out[-1] == "":
+        out.pop()
+    return [line.removesuffix("\r") for line in out]
+
+
+def _lines(path: Path) -> Iterator[str]:
+    """The lines of a file as the line index counts them, decoded one at a time."""
+    with open(path, "rb") as fh:
+        for raw in fh:
+            yield raw.decode("utf-8", errors="replace")
 
 
 def search(path: Path, terms: list[str], limit: int, offset: int) -> tuple[list[dict[str, Any]], int]:
@@ -105,18 +121,17 @@ def search(path: Path, terms: list[str], limit: int, offset: int) -> tuple[list[
     best: list[tuple[int, int, str]] = []
     total = 0
     keep = offset + limit
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        for number, line in enumerate(fh, 1):
-            lowered = line.lower()
-            score = sum(1 for t in terms if t in lowered)
-            if not score:
-                continue
-            total += 1
-            item = (score, -number, line)
-            if len(best) < keep:
-                heapq.heappush(best, item)
-            else:
-                heapq.heappushpop(best, item)
+    for number, line in enumerate(_lines(path), 1):
+        lowered = line.lower()
+        score = sum(1 for t in terms if t in lowered)
+        if not score:
+            continue
+        total += 1
+        item = (score, -number, line)
+        if len(best) < keep:
+            heapq.heappush(best, item)
+        else:
+            heapq.heappushpop(best, item)
     ranked = sorted(best, reverse=True)[offset : offset + limit]
     return [{"line": -n, "score": s, "text": _cut(t)} for s, n, t in ranked], total
 

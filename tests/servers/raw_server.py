@@ -20,6 +20,10 @@ if "--bad-schemas" in sys.argv:  # definitions the strict schema rejects outrigh
     ]
 
 
+if "--cut" in sys.argv:  # a tool whose reply stops half way: the process dies mid-line
+    TOOLS.append({"name": "cut", "description": "Die while answering.", "inputSchema": {"type": "object"}})
+
+
 def reply(msg_id, result):
     sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": msg_id, "result": result}) + "\n")
     sys.stdout.flush()
@@ -43,6 +47,11 @@ for line in sys.stdin:
         )
     elif method == "tools/list":
         reply(msg_id, {"tools": TOOLS})
+    elif method == "tools/call" and msg["params"]["name"] == "cut":
+        head = json.dumps({"jsonrpc": "2.0", "id": msg_id, "result": {"content": [{"type": "text", "text": "x"}]}})
+        sys.stdout.write(head[: head.index('"x"') + 1] + "partial " * 1_000_000)
+        sys.stdout.flush()
+        sys.exit(1)
     elif method == "tools/call":
         args = msg["params"].get("arguments") or {}
         reply(msg_id, {"content": [{"type": "text", "text": f"{msg['params']['name']}:{args.get('text', '')}"}]})

@@ -1,0 +1,169 @@
+"""Peak memory of the gateway while it offloads huge results, against the same read made directly.
+
+    python bench/big_results.py [--sizes 10 68 200] [--korean 100] [--http]
+
+The real filesystem server (npm) reads a generated JSON file of each size and answers with one
+JSON-RPC line holding the text and its structuredContent copy (about twice the file, escaped). For
+each file, a fresh gateway process (stdio) offloads it; the script prints the time of the direct
+read and of the read through the gateway, the gateway's peak RSS (VmHWM) above its idle size, as a
+multiple of the file, and its RSS once the call is done (memory returned?). `--korean` adds a text
+file of Korean prose of that many MB. Targets: peak above idle <= 1.5x the file, time <= 1.3x direct.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import anyio
+from mcp import ClientSession
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from common import call, table
+from npm_servers import npm_bin
+
+from gateway.proxy.upstream_stdio import linear_stdio_client
+
+SENTENCE = "서울시 강남구의 한 카페에서 오늘 오후 세 시에 회의가 열렸고, 참석자들은 다음 분기 계획을 논의했다. "
+
+
+def make_json(path: Path, mb: int) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write('{"meta": {"source": "bench"}, "items": [')
+        i = 0
+        while fh.tell() < mb * 2**20:
+            record = {"id": i, "user": f"user{i}", "city": ["Seoul", "Busan", "Berlin"][i % 3], "note": 'a "q" \\ b'}
+            fh.write(("," if i else "") + json.dumps(record, indent=1))
+            i += 1
+        fh.write("]}\n")
+
+
+def make_korean(path: Path, mb: int) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        i = 0
+        while fh.tell() < mb * 2**20:
+            fh.write(f"{i:08d} {SENTENCE}\n")
+            i += 1
+
+
+def status(pid: int, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def child_pid(parent: int) -> int:
+    """The gateway's pid: the only child of the stdio client's process (python -m gateway)."""
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == parent and b"gateway" in (proc / "cmdline").read_bytes():
+                return int(proc.name)
+    return 0
+
+
+async def session(command: str, args: list[str], log: Path):  # type: ignore[no-untyped-def]
+    errlog = open(log, "ab")  # noqa: SIM115 - closed by the caller's exit stack
+    ctx = linear_stdio_client(command, args, None, None, errlog)
+    streams = await ctx.__aenter__()
+    client = ClientSession(*streams)
+    await client.__aenter__()
+    await client.initialize()
+    return client, ctx, errlog
+
+
+async def measure(source: Path, filesystem: str, tmp: Path) -> list[str]:
+    size = source.stat().st_size
+    folder = str(source.parent)
+    client, ctx, errlog = await session(filesystem, [folder], tmp / "direct.log")
+    t = time.perf_counter()
+    direct = await call(client, "read_text_file", {"path": str(source)})
+    direct_s = time.perf_counter() - t
+    assert not direct.is_error
+    del direct
+    await client.__aexit__(None, None, None)
+    await ctx.__aexit__(None, None, None)
+    errlog.close()
+
+    config = tmp / f"gw-{source.stem}.toml"
+    config.write_text(
+        f'[gateway]\nworkspace = {json.dumps(str(tmp / "ws"))}\nplugins = ["offload"]\n\n'
+        f"[servers.fs]\ncommand = {json.dumps(filesystem)}\nargs = [{json.dumps(folder)}]\n"
+    )
+    client, ctx, errlog = await session(sys.executable, ["-m", "gateway", "--config", str(config)], tmp / "gw.log")
+    pid = child_pid(os.getpid())
+    small = tmp / "data" / "small.txt"
+    await call(client, "fs__read_text_file", {"path": str(small)})
+    idle = status(pid, "VmRSS")
+    t = time.perf_counter()
+    reply = await call(client, "fs__read_text_file", {"path": str(source)})
+    gateway_s = time.perf_counter() - t
+    assert "fileRef" in reply.content[0].text, reply.content[0].text[:300]
+    peak = status(pid, "VmHWM")
+    with anyio.fail_after(120):  # the background outline/DuckDB work ends; then memory should be back
+        while status(pid, "VmRSS") - idle > size // 4:
+            await anyio.sleep(0.5)
+    after = status(pid, "VmRSS")
+    await client.__aexit__(None, None, None)
+    await ctx.__aexit__(None, None, None)
+    errlog.close()
+    return [
+        f"{source.name} ({size / 2**20:.0f} MB)",
+        f"{direct_s:.2f} s",
+        f"{gateway_s:.2f} s",
+        f"{gateway_s / direct_s:.2f}x",
+        f"{idle / 2**20:.0f} MB",
+        f"{(peak - idle) / 2**20:.0f} MB",
+        f"{(peak - idle) / size:.2f}x",
+        f"{(after - idle) / 2**20:+.0f} MB",
+    ]
+
+
+async def main(sizes: list[int], korean: int) -> None:
+    filesystem = npm_bin("mcp-server-filesystem")
+    tmp = Path(tempfile.mkdtemp(prefix="ctx-bench-big-"))
+    data = tmp / "data"
+    data.mkdir()
+    (data / "small.txt").write_text("warm up\n")
+    files = []
+    for mb in sizes:
+        make_json(data / f"export-{mb}mb.json", mb)
+        files.append(data / f"export-{mb}mb.json")
+    if korean:
+        make_korean(data / f"korean-{korean}mb.txt", korean)
+        files.append(data / f"korean-{korean}mb.txt")
+    rows = [
+        [
+            "file",
+            "direct",
+            "gateway",
+            "ratio (<= 1.3x)",
+            "idle RSS",
+            "peak above idle",
+            "x file (<= 1.5x)",
+            "RSS after, vs idle",
+        ]
+    ]
+    for source in files:
+        rows.append(await measure(source, filesystem, tmp))
+        print(table(rows), "\n", flush=True)
+    subprocess.run(["rm", "-rf", str(tmp)], check=False)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes", type=int, nargs="*", default=[10, 68, 200])
+    parser.add_argument("--korean", type=int, default=100)
+    args = parser.parse_args()
+    anyio.run(main, args.sizes, args.korean)
