@@ -52,6 +52,7 @@ async def test_a_100_mb_file_is_offloaded_byte_identical(tmp_path: Path) -> None
         )
         ref = reply["fileRef"]
         assert "files" not in reply, "the structuredContent copy is not saved a second time"
+        assert gateway.spiller is not None and gateway.spiller.spooled == 1
         assert ref["kind"] == "text" and 0 <= ref["size"] - source.stat().st_size < 64  # counted once
         assert _digest(Path(ref["path"])) == _digest(source)
         assert not _spill_files(gateway.settings.gateway.workspace)
@@ -97,3 +98,39 @@ async def test_an_upstream_killed_mid_reply_gives_a_clean_error(tmp_path: Path) 
         await eventually(lambda: raw.restarts >= 1 and raw.state == "ok", 30, "the server restarted")
         again = await call(session, "raw__legacy_echo", {"text": "still here"}, request_read_timeout_seconds=60)
         assert text_of(again) == "legacy_echo:still here"
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_a_structured_copy_made_of_many_values_is_saved_once(tmp_path: Path, transport: str) -> None:
+    """A Python SDK server returns 12 MB of JSON as text plus the same object as structuredContent
+    (200,000 values): over stdio and over Streamable HTTP (SSE), one file is saved, equal to the text."""
+    import subprocess
+
+    from conftest import free_port, wait_listening
+
+    server = None
+    if transport == "http":
+        port = free_port()
+        server = subprocess.Popen([PY, PROBE, "--http", str(port)], stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_listening(f"http://127.0.0.1:{port}/mcp", server)
+        table = {"url": f"http://127.0.0.1:{port}/mcp"}
+    else:
+        table = {"command": PY, "args": [PROBE]}
+    try:
+        settings = make_settings(tmp_path, {"probe": table}, plugins=["offload"])
+        async with inproc(settings) as (gateway, session):
+            args = {"size": 12_000_000, "kind": "structured"}
+            reply = json.loads(text_of(await call(session, "probe__big", args, request_read_timeout_seconds=120)))
+            assert "files" not in reply, "the structuredContent copy is recognised and not saved again"
+            assert gateway.spiller is not None and gateway.spiller.spooled == 1, "the reply went through the spool"
+            saved = json.loads(Path(reply["fileRef"]["path"]).read_text())
+            assert saved["meta"]["n"] == len(saved["data"]) == 12_000_000 // 80
+            assert saved["data"][-1]["name"] == f"item-{12_000_000 // 80 - 1}"
+            assert not _spill_files(gateway.settings.gateway.workspace)
+            assert not spill.pending()
+            small = await call(session, "probe__add", {"a": 1, "b": 2})
+            assert small.structured_content == {"sum": 3.0}
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(10)

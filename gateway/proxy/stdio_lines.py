@@ -19,7 +19,7 @@ import anyio.to_thread
 import mcp_types as types
 from mcp.shared.message import SessionMessage
 
-from gateway.services.spill import Spiller
+from gateway.services.spill import Spiller, spool_open, spool_write
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ async def pump_lines(
                 while newline >= 0:
                     piece = chunk[begin:newline]
                     if spool is not None:  # on failure, the line so far (piece included) is in pending
-                        spool = _spool_write(spool, piece, pending)
+                        spool = spool_write(spool, piece, pending)
                     else:
                         pending.append(piece)
                     if spool is not None:
@@ -87,13 +87,13 @@ async def pump_lines(
                 if begin < len(chunk):
                     rest = chunk[begin:] if begin else chunk
                     if spool is not None:
-                        spool = _spool_write(spool, rest, pending)
+                        spool = spool_write(spool, rest, pending)
                         refused = spool is None
                         continue
                     pending.append(rest)
                     pending_size += len(rest)
                     if spiller is not None and pending_size > spiller.threshold and not refused:
-                        spool = _spool_open(spiller, pending)
+                        spool = spool_open(spiller, pending)
                         refused = spool is None  # the disk refused: this line stays in memory
     except (anyio.ClosedResourceError, anyio.BrokenResourceError):
         pass
@@ -101,40 +101,6 @@ async def pump_lines(
         if spool is not None:  # the stream ended mid-line: nobody will read this
             spool.close()
             Path(spool.name).unlink(missing_ok=True)
-
-
-def _spool_open(spiller: Spiller, pending: list[bytes]) -> BinaryIO | None:
-    """A spool file holding the line so far (and `pending` emptied); None (the line stays in memory)
-    when the disk refuses."""
-    try:
-        spool = open(spiller.new_path(".line"), "wb", buffering=0)  # noqa: SIM115 - closed in _read_spool
-    except OSError as exc:
-        log.warning("cannot spool a long line to disk (%s); it is read in memory", exc)
-        return None
-    data = b"".join(pending)
-    pending.clear()
-    return _spool_write(spool, data, pending)
-
-
-def _spool_write(spool: BinaryIO, data: bytes, pending: list[bytes]) -> BinaryIO | None:
-    """Append to the spool; when the disk refuses (full, a file size limit), the line so far moves back
-    into `pending` and None is returned: the line is finished in memory, as without a spiller."""
-    view = memoryview(data)
-    try:
-        while view:
-            written = spool.write(view)
-            view = view[written or 0 :]
-            if not written:
-                raise OSError("no progress writing the spool")
-    except OSError as exc:
-        log.warning("spooling a long line failed (%s); it is read in memory", exc)
-        path = Path(spool.name)
-        spool.close()
-        pending.append(path.read_bytes())
-        pending.append(bytes(view))
-        path.unlink(missing_ok=True)
-        return None
-    return spool
 
 
 async def _read_spool(spiller: Spiller, spool: BinaryIO, peer: str) -> tuple[SessionMessage | Exception, Any]:

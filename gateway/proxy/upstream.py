@@ -24,6 +24,7 @@ from pydantic import ValidationError
 
 import gateway.compat as compat
 from gateway.progress import ProgressReporter, no_progress
+from gateway.proxy.upstream_http import SpoolingTransport
 from gateway.proxy.upstream_stdio import linear_stdio_client
 from gateway.results import error_result
 from gateway.services.spill import Spiller
@@ -180,7 +181,11 @@ class Upstream:
                     yield streams
         else:
             async with (
-                httpx2.AsyncClient(headers=cfg.headers, timeout=httpx2.Timeout(30, read=None)) as http,
+                httpx2.AsyncClient(
+                    headers=cfg.headers,
+                    timeout=httpx2.Timeout(30, read=None),
+                    transport=SpoolingTransport(self.spiller) if self.spiller is not None else None,
+                ) as http,
                 streamable_http_client(cfg.url, http_client=http, max_sse_event_size=None) as streams,
             ):
                 yield streams

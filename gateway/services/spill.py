@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, BinaryIO
 
 import mcp_types as types
 
@@ -326,6 +326,43 @@ class _TextWriter:
         self.path.unlink(missing_ok=True)
 
 
+# -- spooling a line as it arrives -----------------------------------------------------------------
+
+
+def spool_open(spiller: Spiller, pending: list[bytes]) -> BinaryIO | None:
+    """A spool file holding the line so far (and `pending` emptied); None (the line stays in memory)
+    when the disk refuses."""
+    try:
+        spool = open(spiller.new_path(".line"), "wb", buffering=0)  # noqa: SIM115 - closed in _read_spool
+    except OSError as exc:
+        log.warning("cannot spool a long line to disk (%s); it is read in memory", exc)
+        return None
+    data = b"".join(pending)
+    pending.clear()
+    return spool_write(spool, data, pending)
+
+
+def spool_write(spool: BinaryIO, data: bytes, pending: list[bytes]) -> BinaryIO | None:
+    """Append to the spool; when the disk refuses (full, a file size limit), the line so far moves back
+    into `pending` and None is returned: the line is finished in memory, as without a spiller."""
+    view = memoryview(data)
+    try:
+        while view:
+            written = spool.write(view)
+            view = view[written or 0 :]
+            if not written:
+                raise OSError("no progress writing the spool")
+    except OSError as exc:
+        log.warning("spooling a long line failed (%s); it is read in memory", exc)
+        path = Path(spool.name)
+        spool.close()
+        pending.append(path.read_bytes())
+        pending.append(bytes(view))
+        path.unlink(missing_ok=True)
+        return None
+    return spool
+
+
 # -- reading a spooled line ---------------------------------------------------------------------------
 
 
@@ -385,7 +422,7 @@ class Spiller:
         self.folder = folder
         self.threshold = threshold
         self._count = 0
-        self._made: list[Path] = []
+        self.spooled = 0  # long lines read back from a spool (status figures, tests)
 
     def remove_stale(self) -> int:
         """Remove what gateways no longer running left here (files are named after their process)."""
@@ -410,6 +447,7 @@ class Spiller:
         """The JSON value of a spooled line, long strings replaced by markers. Raises ValueError (with
         nothing left behind) when the line is not JSON; anything unusual falls back to a plain load."""
         made: list[Path] = []
+        self.spooled += 1
         try:
             with open(spool, "rb") as fh:
                 src = _Source(fh)

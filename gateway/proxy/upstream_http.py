@@ -1,0 +1,165 @@
+"""Upstream Streamable HTTP: huge response bodies spooled to disk as they stream, like stdio lines.
+
+The SDK reads a JSON response body whole (`aread`) and an SSE event's data as one string. Under
+the SDK's client, a transport wrapper rewrites each response body as it streams: a JSON body or an
+SSE `data:` line longer than the spiller's threshold is written to a spool file, read back with its
+long strings left on disk (`gateway.services.spill`) and passed on as the small JSON with markers.
+Everything shorter flows through unchanged, line by line, so progress events are not delayed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import BinaryIO
+
+import anyio.to_thread
+import httpx2
+
+from gateway.services.spill import Spiller, spool_open, spool_write
+
+log = logging.getLogger(__name__)
+
+
+class SpoolingTransport(httpx2.AsyncBaseTransport):
+    """An httpx transport whose JSON and SSE response bodies spool their long messages to disk."""
+
+    def __init__(self, spiller: Spiller, inner: httpx2.AsyncBaseTransport | None = None):
+        self.spiller = spiller
+        self.inner = inner or httpx2.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        response = await self.inner.handle_async_request(request)
+        kind = response.headers.get("content-type", "").lower()
+        encoded = response.headers.get("content-encoding", "identity").lower() not in ("", "identity")
+        sse = kind.startswith("text/event-stream")
+        if encoded or not (sse or kind.startswith("application/json")):
+            return response
+        response.headers.pop("content-length", None)
+        response.stream = _Rewritten(response.stream, self.spiller, sse)  # type: ignore[arg-type]
+        return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class _Rewritten(httpx2.AsyncByteStream):
+    def __init__(self, inner: httpx2.AsyncByteStream, spiller: Spiller, sse: bool):
+        self.inner = inner
+        self.spiller = spiller
+        self.sse = sse
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        if self.sse:
+            async for out in self._sse():
+                yield out
+        else:
+            async for out in self._json():
+                yield out
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    async def _json(self) -> AsyncIterator[bytes]:
+        """A JSON body: passed on whole when short, else spooled and replaced by its marked-up JSON."""
+        pending: list[bytes] = []
+        size = 0
+        spool: BinaryIO | None = None
+        refused = False
+        try:
+            async for chunk in self.inner:
+                if spool is not None:
+                    spool = spool_write(spool, chunk, pending)
+                    refused = spool is None
+                    continue
+                pending.append(chunk)
+                size += len(chunk)
+                if size > self.spiller.threshold and not refused:
+                    spool = spool_open(self.spiller, pending)
+                    refused = spool is None
+            if spool is not None:
+                yield await _read(self.spiller, spool)
+                spool = None
+            else:
+                yield b"".join(pending)
+        finally:
+            _discard(spool)
+
+    async def _sse(self) -> AsyncIterator[bytes]:
+        """SSE lines: short ones passed on as they complete; a long `data:` line spooled and replaced."""
+        pending: list[bytes] = []
+        size = 0
+        spool: BinaryIO | None = None
+        refused = False
+        try:
+            async for chunk in self.inner:
+                begin = 0
+                newline = chunk.find(b"\n")
+                while newline >= 0:
+                    piece = chunk[begin : newline + 1]
+                    if spool is not None:
+                        spool = spool_write(spool, piece.rstrip(b"\r\n"), pending)
+                        if spool is not None:
+                            yield b"data: " + await _read(self.spiller, spool) + b"\n"
+                            spool = None
+                        else:
+                            yield b"data: " + b"".join(pending) + b"\n"
+                    else:
+                        pending.append(piece)
+                        yield b"".join(pending)
+                    pending.clear()
+                    size, refused = 0, False
+                    begin = newline + 1
+                    newline = chunk.find(b"\n", begin)
+                rest = chunk[begin:]
+                if not rest:
+                    continue
+                if spool is not None:
+                    spool = spool_write(spool, rest, pending)
+                    refused = spool is None
+                    if refused:  # the line so far is back in memory, without its "data:" prefix
+                        pending.insert(0, b"data: ")
+                    continue
+                pending.append(rest)
+                size += len(rest)
+                if size > self.spiller.threshold and not refused:
+                    line = b"".join(pending)
+                    if line.startswith(b"data:"):
+                        pending[:] = [line[6:] if line.startswith(b"data: ") else line[5:]]
+                        spool = spool_open(self.spiller, pending)
+                        if spool is None:
+                            pending.insert(0, b"data: ")
+                    refused = spool is None
+            if pending or spool is not None:  # a stream that ended mid-line: pass on what came
+                if spool is not None:
+                    path = Path(spool.name)
+                    spool.close()
+                    yield b"data: " + path.read_bytes()
+                    path.unlink(missing_ok=True)
+                    spool = None
+                else:
+                    yield b"".join(pending)
+        finally:
+            _discard(spool)
+
+
+async def _read(spiller: Spiller, spool: BinaryIO) -> bytes:
+    """The spooled message as compact JSON with markers; the original bytes when it is not JSON."""
+    path = Path(spool.name)
+    spool.close()
+    try:
+        value = await anyio.to_thread.run_sync(spiller.read, path)
+        return json.dumps(value, separators=(",", ":")).encode()  # ASCII: a lone surrogate stays an escape
+    except ValueError as exc:
+        log.warning("an upstream sent a long HTTP message that is not JSON (%s)", exc)
+        return path.read_bytes()
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def _discard(spool: BinaryIO | None) -> None:
+    if spool is not None:
+        spool.close()
+        Path(spool.name).unlink(missing_ok=True)
