@@ -88,8 +88,16 @@ def chunk_document(text: str, kind: str, size: int = CHUNK_TOKENS) -> list[Chunk
     return pack(blocks, size)
 
 
-# Only block structure is needed: inline parsing (emphasis, links) is skipped.
-_MD = MarkdownIt("commonmark").enable("table").disable(["inline", "text_join"])
+# Only block structure is needed: inline parsing (emphasis, links) is skipped, and so is markdown-it's
+# table rule (60 % of the parse, a token per cell): a table is one paragraph block to markdown-it, and
+# `_is_table` tells it by its delimiter row.
+_MD = MarkdownIt("commonmark").disable(["inline", "text_join"])
+_DELIMITER_ROW = re.compile(r"\s*\|?\s*:?-+:?\s*(?:\|\s*:?-+:?\s*)*\|?\s*")
+
+
+def _is_table(body: str) -> bool:
+    head = body.lstrip("\n").split("\n", 2)
+    return len(head) >= 2 and "|" in head[0] and "|" in head[1] and _DELIMITER_ROW.fullmatch(head[1]) is not None
 
 
 def markdown_blocks(text: str) -> list[Block]:
@@ -110,6 +118,8 @@ def markdown_blocks(text: str) -> list[Block]:
         body = "".join(lines[start:end])
         if not body.strip():
             continue
+        if kind == "other" and _is_table(body):
+            kind = "table"
         title = ""
         if kind == "heading":
             first = body.strip().splitlines()[0]
