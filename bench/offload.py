@@ -84,6 +84,7 @@ async def main(mb: int) -> None:
         t = time.perf_counter()
         outline = await call(gw, "response_outline", {"path": ref["id"]})
         first_outline_s = time.perf_counter() - t
+        stages = {"after the call": after_call, "after response_outline": peak_rss(pid) if pid else 0}
         assert not outline.is_error, outline
         # cold: the same streaming outline in a fresh process (no cache, nothing started in the background)
         code = "import sys; from pathlib import Path; from plugins.offload import json_outline; json_outline.outline(Path(sys.argv[1]))"
@@ -126,6 +127,7 @@ async def main(mb: int) -> None:
             sliced = (await call(gw, "response_slice", {"path": ref["id"], "json_path": json_path})).structured_content
             json_path = sliced["next_path"]
         slices_s = time.perf_counter() - t
+        stages["after 20 slices"] = peak_rss(pid) if pid else 0
         rows.append(
             [
                 "(c) 20 slices from the middle",
@@ -151,6 +153,7 @@ async def main(mb: int) -> None:
         t = time.perf_counter()
         found = await call(gw, "response_search", {"path": ref["id"], "query": "Seoul refunded"})
         search_s = time.perf_counter() - t
+        stages["after response_search"] = peak_rss(pid) if pid else 0
         assert not found.is_error
         rows.append(
             [
@@ -171,6 +174,7 @@ async def main(mb: int) -> None:
         t = time.perf_counter()
         answer = await call(gw, "response_query", {"path": ref["id"], "sql": group_by})
         first_query_s = time.perf_counter() - t
+        stages["after the first query"] = peak_rss(pid) if pid else 0
         assert not answer.is_error, answer.content[0].text
         if shutil.which("jq"):
             jq_program = (
@@ -217,9 +221,9 @@ async def main(mb: int) -> None:
             "",
         ]
     )
-    rows.append(
-        ["    peak after the offloading call", f"{after_call / 2**20:.0f} MB", "", f"{after_call / size:.2f}x", ""]
-    )
+    for stage, value in stages.items():
+        above = value - idle
+        rows.append([f"    peak above idle, {stage}", f"{above / 2**20:.0f} MB", "", f"{above / size:.2f}x", ""])
     print(f"result: {size / 2**20:.1f} MB of JSON, {count} records\n")
     print(table(rows))
 

@@ -290,8 +290,6 @@ def _scan(body: bytes) -> tuple[str, int | None]:
     return text, len(raw[: end - 1].encode("utf-8", "surrogateescape"))
 
 
-
-
 class _TextWriter:
     """A long string's text, written to its file piece by piece with its size, digest and ends."""
 

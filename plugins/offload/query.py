@@ -26,7 +26,7 @@ from plugins.offload.paths import parse_path
 log = logging.getLogger("plugins.offload")
 QUERY_SECONDS = 20.0
 MEMORY_LIMIT = "1GB"
-BUILD_MEMORY_LIMIT = "1GB"
+BUILD_MEMORY_LIMIT = "128MB"  # the buffers of the JSON reader are sized to the longest record (below)
 THREADS = 2
 FETCH_CAP = 5000  # rows read back at most; the total is counted separately
 _TABLES: VersionedCache[dict[str, list[str]]] = VersionedCache(max_items=32)
@@ -87,6 +87,26 @@ def _looks_like_csv(result: Path) -> str | None:
     return None
 
 
+def _longest_line(path: Path) -> int:
+    """Bytes of the longest line of a file."""
+    longest, carried = 0, 0
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 20):
+            start = 0
+            while (newline := block.find(b"\n", start)) >= 0:
+                longest = max(longest, carried + newline - start)
+                carried, start = 0, newline + 1
+            carried += len(block) - start
+    return max(longest, carried)
+
+
+def _object_size(longest: int) -> int:
+    """DuckDB's `maximum_object_size` for records no longer than `longest` bytes. Its JSON reader
+    allocates buffers of twice this size, so the 100 MB it would take for any file cost 200 MB of
+    memory for a result of a few MB; records are rarely large."""
+    return max(1 << 20, longest + 1024)
+
+
 def build(result: Path, kind: str) -> dict[str, list[str]]:
     """The DuckDB file for a result (built once per file version); returns table -> columns."""
     import duckdb
@@ -110,20 +130,23 @@ def build(result: Path, kind: str) -> dict[str, list[str]]:
                 if ndjson_lines:
                     conn.execute(
                         "CREATE TABLE items AS SELECT * FROM read_json_auto(?, format='newline_delimited', "
-                        "maximum_object_size=104857600)",
+                        f"maximum_object_size={_object_size(_longest_line(result))})",
                         [str(result)],
                     )
                 if kind == "json":
                     for name, keys in tables.items():
                         ndjson = result.with_name(f".{result.name}.{name}.ndjson.tmp")
                         try:
+                            longest = 0
                             with open(ndjson, "w", encoding="utf-8") as fh:
                                 for item in json_values.stream_array(result, keys):
                                     if isinstance(item, dict):
-                                        fh.write(dumps(item) + "\n")
+                                        line = dumps(item) + "\n"
+                                        longest = max(longest, len(line))
+                                        fh.write(line)
                             conn.execute(
                                 f"CREATE TABLE {name} AS SELECT * FROM read_json_auto(?, format='newline_delimited', "
-                                "maximum_object_size=104857600, sample_size=-1)",
+                                f"maximum_object_size={_object_size(4 * longest)}, sample_size=-1)",
                                 [str(ndjson)],
                             )
                         finally:
