@@ -1,0 +1,114 @@
+"""Sixteen hosts calling at once over Streamable HTTP: throughput and latency, direct vs gateway.
+
+    python bench/concurrency.py [--clients 16] [--calls 200]
+
+The upstream is the test suite's probe server over Streamable HTTP on 127.0.0.1. Each client opens its
+own MCP session and makes `--calls` small `echo` calls one after another; all clients run at once.
+The same run is made straight to the upstream and through the gateway (HTTP front, all plugins on).
+Printed: calls per second, p50 / p99 latency, and calls lost or failed (the target is none).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import anyio
+import httpx2
+import mcp_types as types
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from common import call, pct, table
+from conftest import PROBE, free_port, wait_listening
+
+
+async def one_client(url: str, calls: int, latencies: list[float], failures: list[str], n: int) -> None:
+    try:
+        async with (
+            httpx2.AsyncClient(timeout=httpx2.Timeout(60)) as http,
+            streamable_http_client(url, http_client=http) as (read, write),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            tools = {t.name for t in (await session.list_tools()).tools}
+            name = "echo" if "echo" in tools else "probe__echo"
+            for i in range(calls):
+                text = f"client {n} call {i} 안녕"
+                t = time.perf_counter()
+                result: types.CallToolResult = await call(session, name, {"text": text})
+                latencies.append(time.perf_counter() - t)
+                got = result.content[0].text if result.content else ""
+                if result.is_error or got != text:
+                    failures.append(f"client {n} call {i}: {got[:80]}")
+    except Exception as exc:  # a lost session is a failure of every call it did not make
+        failures.append(f"client {n}: {type(exc).__name__}: {exc}")
+
+
+async def run(url: str, clients: int, calls: int) -> tuple[float, list[float], list[str]]:
+    latencies: list[float] = []
+    failures: list[str] = []
+    start = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for n in range(clients):
+            tg.start_soon(one_client, url, calls, latencies, failures, n)
+    return time.perf_counter() - start, latencies, failures
+
+
+def main(clients: int, calls: int) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="ctx-bench-concurrency-"))
+    upstream_port, gateway_port = free_port(), free_port()
+    upstream_url = f"http://127.0.0.1:{upstream_port}/mcp"
+    gateway_url = f"http://127.0.0.1:{gateway_port}/mcp"
+    config = tmp / "gw.toml"
+    config.write_text(
+        f"[gateway]\nworkspace = {json.dumps(str(tmp / 'ws'))}\n\n[servers.probe]\nurl = {json.dumps(upstream_url)}\n"
+    )
+    procs = [
+        subprocess.Popen([sys.executable, PROBE, "--http", str(upstream_port)], stderr=subprocess.DEVNULL),
+    ]
+    try:
+        wait_listening(upstream_url, procs[0])
+        gw = [sys.executable, "-m", "gateway", "--config", str(config), "--transport", "http"]
+        procs.append(
+            subprocess.Popen([*gw, "--port", str(gateway_port)], stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        )
+        wait_listening(gateway_url, procs[1])
+        rows = [["path", "calls", "wall", "calls/s", "p50", "p99", "lost or failed"]]
+        for label, url in (("direct", upstream_url), ("gateway (all plugins)", gateway_url)):
+            wall, latencies, failures = anyio.run(run, url, clients, calls)
+            lost = clients * calls - len(latencies) + len(failures)
+            rows.append(
+                [
+                    label,
+                    str(len(latencies)),
+                    f"{wall:.1f} s",
+                    f"{len(latencies) / wall:.0f}",
+                    f"{pct(latencies, 0.5) * 1000:.1f} ms",
+                    f"{pct(latencies, 0.99) * 1000:.1f} ms",
+                    str(lost),
+                ]
+            )
+            for failure in failures[:5]:
+                print("  ", label, failure)
+        print(f"{clients} clients x {calls} calls, each client its own MCP session over Streamable HTTP\n")
+        print(table(rows))
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(10)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--calls", type=int, default=200)
+    args = parser.parse_args()
+    main(args.clients, args.calls)
