@@ -271,8 +271,12 @@ def test_ttl_cleanup_at_start_and_clean_command(tmp_path: Path) -> None:
     out = run_cli("inspect", "--config", str(cfg))
     assert out.returncode == 0, out.stderr
     assert not old.exists() and new.exists()
+    spilled = tmp_path / "ws" / "spill" / "999999999-3.txt"  # left by a gateway killed mid-reply
+    spilled.parent.mkdir(parents=True, exist_ok=True)
+    spilled.write_text("partial")
     out = run_cli("clean", "--config", str(cfg))
     assert out.returncode == 0 and "removed 1 files" in out.stdout and not new.exists()
+    assert not spilled.exists()
 
 
 async def test_a_full_workspace_gets_is_error_never_the_oversized_result(tmp_path: Path) -> None:

@@ -1,8 +1,9 @@
-"""`clean`: empty the response workspace (every namespace's)."""
+"""`clean`: empty the response workspace (every namespace's) and what interrupted huge replies left."""
 
 from __future__ import annotations
 
 from gateway.services.responses import ResponseStore
+from gateway.services.spill import Spiller
 from gateway.settings import Settings
 
 
@@ -14,4 +15,7 @@ def cmd_clean(settings: Settings) -> int:
     for folder in folders:
         count = ResponseStore(folder).clear()
         print(f"removed {count} files from {folder}")
+    spill = Spiller(settings.gateway.workspace / "spill")
+    if spill.folder.is_dir():  # what a gateway killed while a huge reply arrived left behind
+        print(f"removed {spill.remove_stale()} files from {spill.folder}")
     return 0
