@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -27,7 +28,10 @@ from conftest import (
 )
 from mcp import ClientSession, MCPError, StdioServerParameters, stdio_client
 
+from gateway.proxy.routing import URI_SEP
+
 pytestmark = pytest.mark.anyio
+RAW = str(Path(__file__).parent / "servers" / "raw_server.py")  # a server without logging or completions
 
 
 async def list_all_tools(session: ClientSession) -> list[types.Tool]:
@@ -428,3 +432,84 @@ async def test_one_bad_tool_schema_never_hides_the_other_tools(tmp_path: Path) -
     assert (
         report.returncode == 1 and "tool 'prop_number' of server 'bad': its input schema was repaired" in report.stdout
     )
+
+
+@pytest.mark.parametrize("tool_mode", ["direct", "catalog"])
+async def test_requests_right_after_start_wait_for_a_slow_upstream(tmp_path: Path, tool_mode: str) -> None:
+    """A host that asks at once (before the upstream finished starting) gets the prompt, the resource
+    and, in catalog mode, the tool search results — not "unknown" (the upstream takes 1.5 s to start)."""
+    settings = make_settings(tmp_path, {"slow": probe("slow", "--start-delay", "1.5")}, tool_mode=tool_mode)
+    async with inproc(settings) as (gateway, session):
+        assert gateway.upstreams["slow"].state == "starting"
+        prompt = await session.get_prompt("slow__greet", {"who": "Ada"})
+        assert prompt.messages[0].content.text == "Say hello to Ada."
+    settings = make_settings(tmp_path, {"slow": probe("slow", "--start-delay", "1.5")}, tool_mode=tool_mode)
+    async with inproc(settings) as (gateway, session):
+        assert gateway.upstreams["slow"].state == "starting"
+        read = await session.read_resource(f"slow{URI_SEP}mem://greeting")
+        assert read.contents[0].text == "hello from slow"
+        if tool_mode == "catalog":
+            found = await call(session, "tool_search", {"query": "echo the text back"})
+            assert "slow__echo" in text_of(found)
+        else:
+            assert text_of(await call(session, "slow__echo", {"text": "hi"})) == "hi"
+
+
+async def test_the_merged_list_keeps_its_order_whatever_order_upstreams_list_in(tmp_path: Path) -> None:
+    """An upstream that lists its tools in a new order after a change: the tools the host already
+    knew keep their order (and bytes), so a local model's prompt cache stays valid."""
+    notes = Notes()
+    settings = make_settings(tmp_path, {"p": probe("p", "--shuffle", "--extra-tools", "6"), "q": probe("q")})
+    async with inproc(settings, notes) as (gateway, session):
+        await gateway.wait_ready()
+        await eventually(lambda: bool(gateway._listed))  # the start-up change is handled and pushed
+        before = [t.model_dump_json() for t in await list_all_tools(session)]
+        assert [json.loads(t)["name"] for t in before][:3] == ["p__add", "p__ask", "p__big"]
+        notes.changed = anyio.Event()
+        await call(session, "p__grow")
+        with anyio.fail_after(10):
+            await notes.changed.wait()
+        after = [t.model_dump_json() for t in await list_all_tools(session)]
+        assert [t for t in after if '"p__grown"' not in t] == before
+        assert [json.loads(t)["name"] for t in after].index("p__grown") < [json.loads(t)["name"] for t in after].index(
+            "q__add"
+        )
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_completion_and_logging_pass_through(tmp_path: Path, transport: str) -> None:
+    """completion/complete reaches the server that owns the prompt or template; logging/setLevel reaches
+    every server that declares logging, and their log messages come back tagged with the server."""
+    server = None
+    if transport == "http":
+        port = free_port()
+        server = subprocess.Popen([PY, PROBE, "--name", "web", "--http", str(port)], stderr=subprocess.DEVNULL)
+        web = {"url": f"http://127.0.0.1:{port}/mcp"}
+    else:
+        web = probe("web")
+    logs: list[types.LoggingMessageNotificationParams] = []
+
+    class Logs(Notes):
+        async def __call__(self, message: object) -> None:
+            await super().__call__(message)
+            if isinstance(message, types.LoggingMessageNotification):
+                logs.append(message.params)
+
+    try:
+        settings = make_settings(tmp_path, {"web": web, "raw": {"command": PY, "args": [RAW]}})
+        async with inproc(settings, Logs()) as (gateway, session):
+            await eventually(lambda: gateway.upstreams["web"].state == "ok", 20)
+            assert session.server_capabilities.completions is not None
+            done = await session.complete(types.PromptReference(name="web__greet"), {"name": "who", "value": "A"})
+            assert done.completion.values == ["Ada", "Alan"]
+            ref = types.ResourceTemplateReference(uri=f"web{URI_SEP}mem://item/{{id}}")
+            done = await session.complete(ref, {"name": "id", "value": "1"})
+            assert done.completion.values == ["1", "10"]
+            await session.set_logging_level("warning")
+            await eventually(lambda: bool(logs), 10, "the log message relayed")
+            assert logs[0].logger == "web/probe" and logs[0].data == {"level set": "warning", "by": "web"}
+            assert logs[0].level == "warning"
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(10)

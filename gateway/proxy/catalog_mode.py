@@ -144,6 +144,8 @@ class CatalogMode:
         limit = args.int("limit", 5, lo=1, hi=30)
         if server is not None and server not in self.routing.upstreams:
             raise ToolInputError(f"unknown server {server!r}; servers: {', '.join(self.routing.upstreams)}")
+        if self._wait_ready is not None:  # right after start, upstreams may still be listing their tools
+            await self._wait_ready()
         index = self._ensure_index()
         where, params = ("server = ?", (server,)) if server else ("", ())
         results = []
@@ -168,6 +170,9 @@ class CatalogMode:
     async def schema(self, args: Args, call: ToolCall) -> dict[str, Any]:
         name = args.str("name", required=True, max_len=200)
         found = self.routing.tools.get(name)
+        if found is None and self._wait_ready is not None:
+            await self._wait_ready()
+            found = self.routing.tools.get(name)
         if found is None:
             raise ToolInputError(f"no upstream tool named {name!r}; use tool_search to find one")
         wire = found.model_dump(by_alias=True, mode="json", exclude_none=True)

@@ -94,9 +94,12 @@ class RoutingTable:
         owners: dict[str, str] = {name: "the gateway" for name in self.reserved}
         collisions: list[str] = []
         dropped: list[str] = []
+        # by name within each server (servers in config order): the merged list is byte-identical from
+        # one listing to the next whatever order an upstream lists in (local models reuse their prompt
+        # cache only then), and a name collision always resolves the same way
         for server, up in self.upstreams.items():
             cfg = up.config
-            for tool in up.tools:
+            for tool in sorted(up.tools, key=lambda t: t.name):
                 if not cfg.tools.allows(tool.name):
                     continue
                 name = self._exposed(server, tool.name, cfg.prefix)
@@ -123,7 +126,7 @@ class RoutingTable:
                 owners[name] = server
                 tools[name] = repaired
                 routes[name] = Route(server, tool.name)
-            for prompt in up.prompts:
+            for prompt in sorted(up.prompts, key=lambda p: p.name):
                 name = self._exposed(server, prompt.name, cfg.prefix)
                 if name in prompts:
                     name = self._exposed(server, prompt.name, True)
@@ -148,13 +151,15 @@ class RoutingTable:
     def resources(self) -> list[types.Resource]:
         out = []
         for server, up in self.upstreams.items():
-            out += [r.model_copy(update={"uri": f"{server}{URI_SEP}{r.uri}"}) for r in up.resources]
+            ordered = sorted(up.resources, key=lambda r: str(r.uri))
+            out += [r.model_copy(update={"uri": f"{server}{URI_SEP}{r.uri}"}) for r in ordered]
         return out
 
     def resource_templates(self) -> list[types.ResourceTemplate]:
         out = []
         for server, up in self.upstreams.items():
-            out += [t.model_copy(update={"uri_template": f"{server}{URI_SEP}{t.uri_template}"}) for t in up.templates]
+            ordered = sorted(up.templates, key=lambda t: t.uri_template)
+            out += [t.model_copy(update={"uri_template": f"{server}{URI_SEP}{t.uri_template}"}) for t in ordered]
         return out
 
     def resource_route(self, uri: str) -> Route | None:

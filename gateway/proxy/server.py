@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -19,7 +19,7 @@ from mcp.shared.subscriptions import PromptsListChanged, ResourcesListChanged, T
 from gateway.pipeline import build_pipeline
 from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall
 from gateway.proxy.catalog_mode import CatalogMode
-from gateway.proxy.routing import URI_SEP, RoutingTable
+from gateway.proxy.routing import URI_SEP, Route, RoutingTable
 from gateway.proxy.upstream import Upstream
 from gateway.results import error_result
 from gateway.services import spill
@@ -137,7 +137,14 @@ class Gateway:
         # a plugin that takes results with their long texts on disk lets upstreams spool huge replies
         self.spiller = Spiller(workspace / "spill") if self.pipeline.reads_spilled else None
         self.upstreams = {
-            name: Upstream(name, cfg, workspace / "logs", on_change=self._upstream_changed, spiller=self.spiller)
+            name: Upstream(
+                name,
+                cfg,
+                workspace / "logs",
+                on_change=self._upstream_changed,
+                spiller=self.spiller,
+                on_log=self._relay_log,
+            )
             for name, cfg in settings.enabled_servers.items()
         }
         self.llm = ModelEndpoint(settings.llm, workspace)
@@ -211,6 +218,17 @@ class Gateway:
             for upstream in self.upstreams.values():
                 await upstream.finished.wait()
         await self.pipeline.stop()
+
+    async def _after_start(self, lookup: Callable[[], Route | None]) -> Route | None:
+        """`lookup()`, looked up again once the upstreams still starting are up: a request sent right
+        after the gateway started names something an upstream has not listed (or cannot serve) yet."""
+        found = lookup()
+        if any(not u.ready.is_set() for u in self.upstreams.values()) and (
+            found is None or not self.upstreams[found.server].ready.is_set()
+        ):
+            await self.wait_ready()
+            found = lookup()
+        return found
 
     async def wait_ready(self, timeout: float | None = None) -> None:
         """Wait until every upstream finished its first start attempt (bounded)."""
@@ -299,6 +317,8 @@ class Gateway:
             on_list_prompts=self._list_prompts,
             on_get_prompt=self._get_prompt,
             on_subscriptions_listen=ListenHandler(self.bus),
+            on_completion=self._complete,
+            on_set_logging_level=self._set_logging_level,
         )
         # The default OpenTelemetry middleware costs ~0.1 ms a request, measured (bench/proxy_overhead.py),
         # on a hop whose whole budget is about that; tracing stays available on the upstreams themselves.
@@ -355,13 +375,9 @@ class Gateway:
         spec = self.local_tools.get(call.name)
         if spec is not None:
             return await spec.handler(call)
-        route = self.routing.tool_routes.get(call.name)
+        route = await self._after_start(lambda: self.routing.tool_routes.get(call.name))
         if route is None:
-            if not self.routing.tools and any(u.state == "starting" for u in self.upstreams.values()):
-                await self.wait_ready()
-                route = self.routing.tool_routes.get(call.name)
-            if route is None:
-                return error_result(self._unknown_tool(call.name))
+            return error_result(self._unknown_tool(call.name))
         call.server, call.tool = route.server, route.name
         if (where := unencodable(call.arguments)) is not None:
             # a lone surrogate cannot be written to the upstream as UTF-8; sent, it would tear down the
@@ -395,7 +411,7 @@ class Gateway:
         return types.ListResourceTemplatesResult(resource_templates=items, next_cursor=cursor)
 
     async def _read_resource(self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams) -> Any:
-        route = self.routing.resource_route(params.uri)
+        route = await self._after_start(lambda: self.routing.resource_route(params.uri))
         if route is None:
             raise MCPError(
                 types.INVALID_PARAMS,
@@ -411,13 +427,52 @@ class Gateway:
         contents = [c.model_copy(update={"uri": f"{route.server}{URI_SEP}{c.uri}"}) for c in result.contents]
         return result.model_copy(update={"contents": contents})
 
+    async def _complete(self, ctx: ServerRequestContext[Any], params: types.CompleteRequestParams) -> Any:
+        """completion/complete for a prompt argument or a resource template, asked of the server that owns it."""
+        ref = params.ref
+        if isinstance(ref, types.PromptReference):
+            route = await self._after_start(lambda: self.routing.prompt_routes.get(ref.name))
+            inner: Any = ref.model_copy(update={"name": route.name}) if route else None
+        else:
+            route = await self._after_start(lambda: self.routing.resource_route(ref.uri))
+            inner = ref.model_copy(update={"uri": route.name}) if route else None
+        if route is None:
+            raise MCPError(types.INVALID_PARAMS, "Unknown prompt or resource template; list them to see the names.")
+        upstream = self.routing.upstream_for(route)
+        if not upstream.declares("completions"):
+            return types.CompleteResult(completion=types.Completion(values=[]))
+        request = types.CompleteRequest(params=params.model_copy(update={"ref": inner}))
+        return await upstream.request(request, types.CompleteResult, "completion/complete")
+
+    async def _set_logging_level(self, ctx: ServerRequestContext[Any], params: types.SetLevelRequestParams) -> Any:
+        """logging/setLevel to every server that declares logging (their messages come back tagged)."""
+        self._remember_host(ctx)
+        await self.wait_ready()
+        request = types.SetLevelRequest(params=types.SetLevelRequestParams(level=params.level))
+        for upstream in self.upstreams.values():
+            if upstream.declares("logging"):
+                try:
+                    await upstream.request(request, types.EmptyResult, "logging/setLevel")
+                except MCPError as exc:
+                    log.warning("logging/setLevel to %s failed: %s", upstream.name, exc.error.message)
+        return types.EmptyResult()
+
+    async def _relay_log(self, upstream: Upstream, params: types.LoggingMessageNotificationParams) -> None:
+        """An upstream's log message to every host, its logger named after the server."""
+        logger = f"{upstream.name}/{params.logger}" if params.logger else upstream.name
+        for host in list(self.hosts.values()):
+            try:
+                await host.send_log_message(params.level, params.data, logger=logger)
+            except Exception:  # a host that went away
+                continue
+
     async def _list_prompts(self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
         await self.wait_ready()
         items, cursor = _page(list(self.routing.prompts.values()), params.cursor if params else None)
         return types.ListPromptsResult(prompts=items, next_cursor=cursor)
 
     async def _get_prompt(self, ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams) -> Any:
-        route = self.routing.prompt_routes.get(params.name)
+        route = await self._after_start(lambda: self.routing.prompt_routes.get(params.name))
         if route is None:
             raise MCPError(types.INVALID_PARAMS, f"Unknown prompt {params.name!r}; list prompts to see them.")
         return await self.routing.upstream_for(route).request(

@@ -77,8 +77,10 @@ class Upstream:
         log_dir: Path,
         on_change: Callable[[Upstream], Awaitable[None]] | None = None,
         spiller: Spiller | None = None,
+        on_log: Callable[[Upstream, types.LoggingMessageNotificationParams], Awaitable[None]] | None = None,
     ):
         self.name = name
+        self.on_log = on_log  # the server's notifications/message, relayed to the hosts
         self.spiller = spiller  # long replies of a stdio server are spooled to disk (bounded memory)
         self.config = config
         self.log_path = log_dir / f"{name}.log"
@@ -267,7 +269,19 @@ class Upstream:
             except Exception:
                 log.exception("change callback failed for upstream %s", self.name)
 
+    def declares(self, capability: str) -> bool:
+        """Whether the running server declared a capability (`completions`, `logging`, ...)."""
+        caps = self.session.server_capabilities if self.session is not None and self.state == "ok" else None
+        return caps is not None and getattr(caps, capability, None) is not None
+
     async def _on_message(self, message: Any) -> None:
+        if isinstance(message, types.LoggingMessageNotification):
+            if self.on_log is not None:
+                try:
+                    await self.on_log(self, message.params)
+                except Exception:
+                    log.exception("log relay failed for upstream %s", self.name)
+            return
         if isinstance(
             message,
             types.ToolListChangedNotification

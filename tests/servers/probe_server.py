@@ -13,6 +13,7 @@ import argparse
 import base64
 import json
 import os
+import random
 import sys
 import time
 from typing import Any
@@ -29,7 +30,7 @@ def _tool(name: str, description: str, props: dict[str, Any] | None = None, **ex
     return types.Tool(name=name, description=description, input_schema=schema, **extra)
 
 
-def build(name: str, extra_tools: int) -> Server[Any]:
+def build(name: str, extra_tools: int, shuffle: bool = False) -> Server[Any]:
     added: list[types.Tool] = []
     state = {"cancelled_marker": os.environ.get("PROBE_CANCEL_MARKER", "")}
 
@@ -70,6 +71,8 @@ def build(name: str, extra_tools: int) -> Server[Any]:
     async def list_tools(ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
         # Paginate in pages of 5, so that gateways must follow cursors.
         tools = base_tools + added
+        if shuffle:  # another order after every change (the same one across the pages of one listing)
+            random.Random(len(added)).shuffle(tools)
         start = int(params.cursor) if params and params.cursor else 0
         end = start + 5
         return types.ListToolsResult(tools=tools[start:end], next_cursor=str(end) if end < len(tools) else None)
@@ -197,6 +200,16 @@ def build(name: str, extra_tools: int) -> Server[Any]:
             messages=[types.PromptMessage(role="user", content=types.TextContent(text=f"Say hello to {who}."))]
         )
 
+    async def complete(ctx: ServerRequestContext[Any], params: types.CompleteRequestParams) -> Any:
+        names = ["Ada", "Alan", "Grace"] if isinstance(params.ref, types.PromptReference) else ["1", "2", "10"]
+        values = [n for n in names if n.startswith(params.argument.value)]
+        return types.CompleteResult(completion=types.Completion(values=values, total=len(values)))
+
+    async def set_level(ctx: ServerRequestContext[Any], params: types.SetLevelRequestParams) -> Any:
+        # answered with a log message at once, so a test sees both directions
+        await ctx.session.send_log_message(params.level, {"level set": params.level, "by": name}, logger="probe")
+        return types.EmptyResult()
+
     from mcp.server import NotificationOptions
 
     class ProbeServer(Server[Any]):
@@ -213,6 +226,8 @@ def build(name: str, extra_tools: int) -> Server[Any]:
         on_read_resource=read_resource,
         on_list_prompts=list_prompts,
         on_get_prompt=get_prompt,
+        on_completion=complete,
+        on_set_logging_level=set_level,
     )
 
 
@@ -222,15 +237,20 @@ def main() -> None:
     parser.add_argument("--http", type=int, default=0)
     parser.add_argument("--fail-start", action="store_true")
     parser.add_argument("--hang-start", action="store_true")
+    parser.add_argument("--start-delay", type=float, default=0.0)
+    parser.add_argument(
+        "--shuffle", action="store_true"
+    )  # list tools in a new order after each change  # a slow start (npx downloading)
     parser.add_argument("--extra-tools", type=int, default=0)
     args = parser.parse_args()
     if args.hang_start:
         time.sleep(3600)
+    time.sleep(args.start_delay)
     if args.fail_start:
         print("probe: failing at start on purpose", file=sys.stderr)
         sys.exit(7)
     print(f"probe {args.name} starting (pid {os.getpid()})", file=sys.stderr, flush=True)
-    server = build(args.name, args.extra_tools)
+    server = build(args.name, args.extra_tools, args.shuffle)
     if args.http:
         import uvicorn
 
