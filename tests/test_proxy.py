@@ -406,6 +406,35 @@ async def test_upstream_elicitation_reaches_the_host_that_made_the_call(tmp_path
         assert text_of(await call(session, "p__ask")) == "decline:"
 
 
+async def test_upstream_sampling_reaches_the_host_that_made_the_call(tmp_path: Path) -> None:
+    """An upstream's sampling/createMessage during a call goes to the host that made it (when that host
+    offers sampling), with the call's clock paused; a host without sampling gets the upstream an error."""
+    asked: list[str] = []
+
+    async def on_sample(context, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
+        asked.append(params.messages[0].content.text)
+        await anyio.sleep(1.5)  # the model takes longer than the call's timeout: the clock is paused
+        return types.CreateMessageResult(role="assistant", content=types.TextContent(text="teal"), model="m")
+
+    settings = make_settings(tmp_path, {"p": probe("p", timeout_seconds=1)})
+    from mcp.shared.memory import create_client_server_memory_streams
+
+    from gateway.proxy.server import Gateway
+
+    gateway = Gateway(settings, plugins=[])
+    async with gateway.running(), create_client_server_memory_streams() as (client_streams, server_streams):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(gateway.server.run, *server_streams, gateway.server.create_initialization_options())
+            async with ClientSession(*client_streams, sampling_callback=on_sample) as session:
+                await session.initialize()
+                assert text_of(await call(session, "p__ask", {"via": "sampling"})) == "sampled:teal"
+                assert asked == ["Name a colour."]
+            tg.cancel_scope.cancel()
+    async with inproc(settings) as (_, session):
+        refused = text_of(await call(session, "p__ask", {"via": "sampling"}))
+        assert refused.startswith("refused:") and "does not offer it" in refused
+
+
 async def test_old_style_tool_definitions_are_repaired_not_fatal(tmp_path: Path) -> None:
     raw = str(Path(__file__).parent / "servers" / "raw_server.py")
     settings = make_settings(tmp_path, {"old": {"command": PY, "args": [raw]}, "p": probe("p")})

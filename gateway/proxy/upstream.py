@@ -20,6 +20,7 @@ import httpx2
 import mcp_types as types
 from mcp import ClientSession, MCPError
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.message import ServerMessageMetadata
 from pydantic import ValidationError
 
 import gateway.compat as compat
@@ -216,6 +217,7 @@ class Upstream:
                 write,
                 message_handler=self._on_message,
                 elicitation_callback=self._on_elicit,
+                sampling_callback=self._on_sampling,
                 client_info=CLIENT_INFO,
             ) as session,
         ):
@@ -387,6 +389,32 @@ class Upstream:
         except Exception as exc:  # the host cannot be asked (no back-channel, gone): the upstream hears no
             log.info("upstream %s: elicitation not forwarded: %s", self.name, describe(exc))
             return types.ElicitResult(action="decline")
+        finally:
+            flight.scope.deadline = anyio.current_time() + flight.timeout
+
+    async def _on_sampling(self, context: Any, params: types.CreateMessageRequestParams) -> Any:
+        """An upstream asks for an LLM completion during a call: ask the host that made the call (its
+        clock paused meanwhile), as for elicitation; an error the upstream can read when that host
+        does not offer sampling."""
+        flight = self._in_flight[-1] if self._in_flight else None
+        caps = getattr(flight.host_session, "client_capabilities", None) if flight else None
+        if flight is None or caps is None or caps.sampling is None:
+            return types.ErrorData(
+                code=types.INVALID_REQUEST,
+                message="sampling is not available: the host using this gateway does not offer it",
+            )
+        flight.scope.deadline = math.inf
+        try:
+            return await flight.host_session.send_request(
+                types.CreateMessageRequest(params=params),
+                types.CreateMessageResult,
+                metadata=ServerMessageMetadata(related_request_id=flight.request_id),
+            )
+        except MCPError as exc:
+            return exc.error
+        except Exception as exc:
+            log.info("upstream %s: sampling not forwarded: %s", self.name, describe(exc))
+            return types.ErrorData(code=types.INTERNAL_ERROR, message=f"sampling failed: {describe(exc)}")
         finally:
             flight.scope.deadline = anyio.current_time() + flight.timeout
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import anyio
 import mcp_types as types
+from mcp import MCPError
 from mcp.server import Server, ServerRequestContext
 
 PNG_1PX = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
@@ -82,6 +83,15 @@ def build(name: str, extra_tools: int, shuffle: bool = False) -> Server[Any]:
         tool = params.name
         if tool == "echo":
             return types.CallToolResult(content=[types.TextContent(text=str(args.get("text", "")))])
+        if tool == "ask" and args.get("via") == "sampling":  # ask the host's model instead of the user
+            try:
+                reply = await ctx.session.create_message(
+                    [types.SamplingMessage(role="user", content=types.TextContent(text="Name a colour."))],
+                    max_tokens=10,
+                )
+            except MCPError as exc:
+                return types.CallToolResult(content=[types.TextContent(text=f"refused:{exc.error.message}")])
+            return types.CallToolResult(content=[types.TextContent(text=f"sampled:{reply.content.text}")])
         if tool == "ask":
             answer = await ctx.session.elicit_form(
                 "What is your name?", {"type": "object", "properties": {"name": {"type": "string"}}}
