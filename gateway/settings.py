@@ -66,6 +66,9 @@ class ToolFilter(BaseModel):
         return name not in self.exclude
 
 
+OffloadPolicy = Literal["auto", "never", "always"]
+
+
 class ServerConfig(BaseModel):
     """One upstream: stdio (`command`) or Streamable HTTP (`url`)."""
 
@@ -86,6 +89,14 @@ class ServerConfig(BaseModel):
     tool_mode: Literal["direct", "catalog", "auto"] | None = None
     pin: bool = False
     enabled: bool = True
+    # offload: auto = by the size rule; never = always inline (output that must stay whole; its
+    # outputSchema is kept); always = every result to a file (scripting); per tool in offload_tools
+    offload: OffloadPolicy = "auto"
+    offload_tools: dict[str, OffloadPolicy] = Field(default_factory=dict)
+
+    def offload_policy(self, tool: str) -> OffloadPolicy:
+        """The offload policy for one of this server's tools (by its own name)."""
+        return self.offload_tools.get(tool, self.offload)
 
     @model_validator(mode="after")
     def _one_transport(self) -> ServerConfig:

@@ -306,3 +306,24 @@ async def test_a_full_workspace_gets_is_error_never_the_oversized_result(tmp_pat
             assert "fileRef" in text_of(small)  # the gateway keeps serving; what fits is offloaded
             note = await call(session, "context_append", {"session_id": "full", "text": "still writable"})
             assert not note.is_error
+
+
+async def test_offload_policies_per_tool(tmp_path: Path) -> None:
+    """`offload_tools`: never (inline whatever the size; outputSchema kept), always (a file even when
+    small), auto (the size rule) for the rest."""
+    policies = {"add": "never", "echo": "never", "big": "always"}
+    settings = make_settings(
+        tmp_path,
+        {"p": probe("p", offload_tools=policies), "q": probe("q")},
+        plugins=["offload"],
+        max_response_size=65536,
+    )
+    async with inproc(settings) as (_, session):
+        listed = {t.name: t for t in (await session.list_tools()).tools}
+        assert listed["p__add"].output_schema is not None and listed["q__add"].output_schema is None
+        text = "세션 " * 60_000  # ~480 KB
+        assert text_of(await call(session, "p__echo", {"text": text})) == text
+        assert "fileRef" in json.loads(text_of(await call(session, "q__echo", {"text": text})))
+        small = json.loads(text_of(await call(session, "p__big", {"size": 100, "kind": "text"})))
+        assert small["fileRef"]["size"] == 100 and "as every result of this tool is" in small["fileRef"]["message"]
+        assert Path(small["fileRef"]["path"]).read_text().startswith("2026-11-30T10:00:00Z INFO")

@@ -102,10 +102,16 @@ def _replace(
         ref["mime"] = primary.mime
     ref["openCmd"] = open_command(primary.path)
     what = "error output" if result.is_error else "result"
-    ref["message"] = (
-        f"The tool's {what} ({human_size(cost.size)}, ~{cost.tokens} tokens) is too large for the context; "
-        "saved to a file. Explore it in small pieces; do not read the whole file."
-    )
+    if cost.size > max_size or cost.tokens > max_tokens:
+        ref["message"] = (
+            f"The tool's {what} ({human_size(cost.size)}, ~{cost.tokens} tokens) is too large for the context; "
+            "saved to a file. Explore it in small pieces; do not read the whole file."
+        )
+    else:  # the server's config saves every result of this tool (offload = "always")
+        ref["message"] = (
+            f"The tool's {what} ({human_size(cost.size)}, ~{cost.tokens} tokens) was saved to a file, as every "
+            "result of this tool is. Explore it with the response_* tools or open the file."
+        )
     reply: dict[str, Any] = {"fileRef": ref}
     if len(parts) > 1:
         listed = parts[:MAX_LISTED_FILES]  # the reply stays small however many blocks there are

@@ -94,21 +94,34 @@ class OffloadPlugin(Plugin):
 
     # -- hooks ----------------------------------------------------------------------------------
 
+    def _policy(self, server: str, tool: str) -> str:
+        config = self._ctx().settings.servers.get(server)
+        return config.offload_policy(tool) if config is not None else "auto"
+
     async def on_tools_listed(self, tools: list[types.Tool], session_id: str) -> list[types.Tool]:
-        # Hosts validate structuredContent against outputSchema and would reject a fileRef.
-        upstream = self._ctx().routing.tool_routes
+        # Hosts validate structuredContent against outputSchema and would reject a fileRef; a tool whose
+        # results are never offloaded keeps its schema.
+        routes = self._ctx().routing.tool_routes
         return [
-            t.model_copy(update={"output_schema": None}) if t.name in upstream and t.output_schema else t for t in tools
+            t.model_copy(update={"output_schema": None})
+            if t.name in routes
+            and t.output_schema
+            and self._policy(routes[t.name].server, routes[t.name].name) != "never"
+            else t
+            for t in tools
         ]
 
     async def on_tool_result(self, call: ToolCall, result: types.CallToolResult) -> types.CallToolResult:
         if call.server is None:
             return result
+        policy = self._policy(call.server, call.tool)
+        if policy == "never":
+            return result
         window = self._ctx().window
         max_size = window.max_response_size(call.server)
         max_tokens = window.max_response_tokens(call.server, call.session_id)
         cost = result_cost(result)
-        if cost.size <= max_size and cost.tokens <= max_tokens:
+        if policy == "auto" and cost.size <= max_size and cost.tokens <= max_tokens:
             return result
         responses = self._ctx().responses_for(call.namespace)
         written: list[Path] = []
