@@ -542,3 +542,28 @@ async def test_completion_and_logging_pass_through(tmp_path: Path, transport: st
         if server is not None:
             server.terminate()
             server.wait(10)
+
+
+async def test_resource_subscriptions_pass_through(tmp_path: Path) -> None:
+    """resources/subscribe reaches the server that owns the resource, its notifications/resources/updated
+    come back under the gateway's URI, and unsubscribe is forwarded when the last host lets go."""
+    updates: list[str] = []
+
+    class Updates(Notes):
+        async def __call__(self, message: object) -> None:
+            await super().__call__(message)
+            if isinstance(message, types.ResourceUpdatedNotification):
+                updates.append(str(message.params.uri))
+
+    settings = make_settings(tmp_path, {"p": probe("p"), "raw": {"command": PY, "args": [RAW]}})
+    async with inproc(settings, Updates()) as (_, session):
+        assert session.server_capabilities.resources.subscribe
+        uri = f"p{URI_SEP}mem://greeting"
+        watched = f"p{URI_SEP}mem://subscriptions"
+        await session.subscribe_resource(uri)
+        await eventually(lambda: updates == [uri], 10, "the update relayed")
+        assert json.loads((await session.read_resource(watched)).contents[0].text) == ["mem://greeting"]
+        await session.unsubscribe_resource(uri)
+        assert json.loads((await session.read_resource(watched)).contents[0].text) == []
+        with pytest.raises(MCPError, match="does not offer resource subscriptions"):
+            await session.subscribe_resource(f"raw{URI_SEP}mem://x")

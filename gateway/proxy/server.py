@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from typing import Any
 
 import anyio
@@ -14,7 +14,7 @@ from mcp import MCPError
 from mcp.server import NotificationOptions, Server, ServerRequestContext
 from mcp.server.session import ServerSession
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
-from mcp.shared.subscriptions import PromptsListChanged, ResourcesListChanged, ToolsListChanged
+from mcp.shared.subscriptions import PromptsListChanged, ResourcesListChanged, ResourceUpdated, ToolsListChanged
 
 from gateway.pipeline import build_pipeline
 from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall
@@ -143,7 +143,7 @@ class Gateway:
                 workspace / "logs",
                 on_change=self._upstream_changed,
                 spiller=self.spiller,
-                on_log=self._relay_log,
+                on_notice=self._relay,
             )
             for name, cfg in settings.enabled_servers.items()
         }
@@ -166,6 +166,7 @@ class Gateway:
         self._collect_tools()
         self.hosts: OrderedDict[str, ServerSession] = OrderedDict()
         self.bus = InMemorySubscriptionBus()
+        self.subscribers: dict[str, set[str]] = {}  # gateway resource URI -> host sessions subscribed to it
         self._listed: tuple[Any, ...] = ()
         self.server = self._build_server()
 
@@ -317,6 +318,8 @@ class Gateway:
             on_list_prompts=self._list_prompts,
             on_get_prompt=self._get_prompt,
             on_subscriptions_listen=ListenHandler(self.bus),
+            on_subscribe_resource=self._subscribe,
+            on_unsubscribe_resource=self._unsubscribe,
             on_completion=self._complete,
             on_set_logging_level=self._set_logging_level,
         )
@@ -457,14 +460,64 @@ class Gateway:
                     log.warning("logging/setLevel to %s failed: %s", upstream.name, exc.error.message)
         return types.EmptyResult()
 
-    async def _relay_log(self, upstream: Upstream, params: types.LoggingMessageNotificationParams) -> None:
-        """An upstream's log message to every host, its logger named after the server."""
-        logger = f"{upstream.name}/{params.logger}" if params.logger else upstream.name
-        for host in list(self.hosts.values()):
+    async def _relay(self, upstream: Upstream, message: Any) -> None:
+        """An upstream's log message to every host (its logger named after the server); a resource update
+        to the hosts subscribed to it (handshake era) and to `subscriptions/listen` streams (2026)."""
+        if isinstance(message, types.LoggingMessageNotification):
+            params = message.params
+            logger = f"{upstream.name}/{params.logger}" if params.logger else upstream.name
+            targets = list(self.hosts.values())
+            for host in targets:
+                with suppress(Exception):  # a host that went away
+                    await host.send_log_message(params.level, params.data, logger=logger)
+            return
+        uri = f"{upstream.name}{URI_SEP}{message.params.uri}"
+        for sid in list(self.subscribers.get(uri, ())):
+            if (host := self.hosts.get(sid)) is not None:
+                with suppress(Exception):
+                    await host.send_resource_updated(uri)
+        with suppress(Exception):
+            await self.bus.publish(ResourceUpdated(uri))
+
+    async def _subscribe(self, ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams) -> Any:
+        """resources/subscribe, forwarded to the server that owns the resource (once per resource)."""
+        sid = self._remember_host(ctx)
+        route = await self._after_start(lambda: self.routing.resource_route(params.uri))
+        if route is None:
+            raise MCPError(types.INVALID_PARAMS, f"Unknown resource {params.uri!r}; list resources to see them.")
+        upstream = self.routing.upstream_for(route)
+        if not upstream.declares("subscribe"):
+            raise MCPError(types.METHOD_NOT_FOUND, f"server '{route.server}' does not offer resource subscriptions")
+        subscribers = self.subscribers.setdefault(params.uri, set())
+        first = not subscribers
+        subscribers.add(sid)  # before forwarding: an update may arrive before the answer
+        if first:
             try:
-                await host.send_log_message(params.level, params.data, logger=logger)
-            except Exception:  # a host that went away
-                continue
+                await upstream.request(
+                    types.SubscribeRequest(params=types.SubscribeRequestParams(uri=route.name)),
+                    types.EmptyResult,
+                    f"resources/subscribe {route.name}",
+                )
+            except MCPError:
+                subscribers.discard(sid)
+                raise
+        return types.EmptyResult()
+
+    async def _unsubscribe(self, ctx: ServerRequestContext[Any], params: types.UnsubscribeRequestParams) -> Any:
+        sid = self._remember_host(ctx)
+        subscribers = self.subscribers.get(params.uri, set())
+        subscribers.discard(sid)
+        route = self.routing.resource_route(params.uri)
+        if not subscribers and route is not None:
+            self.subscribers.pop(params.uri, None)
+            upstream = self.routing.upstream_for(route)
+            if upstream.declares("subscribe"):
+                await upstream.request(
+                    types.UnsubscribeRequest(params=types.UnsubscribeRequestParams(uri=route.name)),
+                    types.EmptyResult,
+                    f"resources/unsubscribe {route.name}",
+                )
+        return types.EmptyResult()
 
     async def _list_prompts(self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
         await self.wait_ready()

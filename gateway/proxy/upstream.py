@@ -78,10 +78,10 @@ class Upstream:
         log_dir: Path,
         on_change: Callable[[Upstream], Awaitable[None]] | None = None,
         spiller: Spiller | None = None,
-        on_log: Callable[[Upstream, types.LoggingMessageNotificationParams], Awaitable[None]] | None = None,
+        on_notice: Callable[[Upstream, Any], Awaitable[None]] | None = None,
     ):
         self.name = name
-        self.on_log = on_log  # the server's notifications/message, relayed to the hosts
+        self.on_notice = on_notice  # log messages and resource updates, relayed to the hosts
         self.spiller = spiller  # long replies of a stdio server are spooled to disk (bounded memory)
         self.config = config
         self.log_path = log_dir / f"{name}.log"
@@ -272,17 +272,20 @@ class Upstream:
                 log.exception("change callback failed for upstream %s", self.name)
 
     def declares(self, capability: str) -> bool:
-        """Whether the running server declared a capability (`completions`, `logging`, ...)."""
+        """Whether the running server declared a capability (`completions`, `logging`, `subscribe` for
+        resource subscriptions, ...)."""
         caps = self.session.server_capabilities if self.session is not None and self.state == "ok" else None
+        if capability == "subscribe":
+            return caps is not None and caps.resources is not None and bool(caps.resources.subscribe)
         return caps is not None and getattr(caps, capability, None) is not None
 
     async def _on_message(self, message: Any) -> None:
-        if isinstance(message, types.LoggingMessageNotification):
-            if self.on_log is not None:
+        if isinstance(message, types.LoggingMessageNotification | types.ResourceUpdatedNotification):
+            if self.on_notice is not None:
                 try:
-                    await self.on_log(self, message.params)
+                    await self.on_notice(self, message)
                 except Exception:
-                    log.exception("log relay failed for upstream %s", self.name)
+                    log.exception("relaying %s from upstream %s failed", message.method, self.name)
             return
         if isinstance(
             message,

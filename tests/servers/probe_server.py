@@ -193,7 +193,21 @@ def build(name: str, extra_tools: int, shuffle: bool = False) -> Server[Any]:
             resource_templates=[types.ResourceTemplate(uri_template="mem://item/{id}", name="item")]
         )
 
+    subscribed: set[str] = set()
+
+    async def subscribe(ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams) -> Any:
+        subscribed.add(str(params.uri))
+        await ctx.session.send_resource_updated(params.uri)  # at once, so a test sees the relay
+        return types.EmptyResult()
+
+    async def unsubscribe(ctx: ServerRequestContext[Any], params: types.UnsubscribeRequestParams) -> Any:
+        subscribed.discard(str(params.uri))
+        return types.EmptyResult()
+
     async def read_resource(ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams) -> Any:
+        if params.uri == "mem://subscriptions":  # what this server was asked to watch (for tests)
+            text = json.dumps(sorted(subscribed))
+            return types.ReadResourceResult(contents=[types.TextResourceContents(uri=params.uri, text=text)])
         text = f"hello from {name}" if params.uri == "mem://greeting" else f"item at {params.uri}"
         return types.ReadResourceResult(
             contents=[types.TextResourceContents(uri=params.uri, text=text, mime_type="text/plain")]
@@ -237,6 +251,8 @@ def build(name: str, extra_tools: int, shuffle: bool = False) -> Server[Any]:
         on_list_prompts=list_prompts,
         on_get_prompt=get_prompt,
         on_completion=complete,
+        on_subscribe_resource=subscribe,
+        on_unsubscribe_resource=unsubscribe,
         on_set_logging_level=set_level,
     )
 
