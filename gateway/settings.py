@@ -172,6 +172,7 @@ class GatewaySettings(BaseModel):
     port: int = Field(8808, ge=1, le=65535)
     auth_token: str = ""
     allowed_origins: list[str] = Field(default_factory=list)  # browser origins beyond loopback (HTTP front)
+    freeze_definitions: bool = False  # serve each tool's first definition; refuse calls to one that changed
 
     @field_validator("workspace", mode="before")
     @classmethod

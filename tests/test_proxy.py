@@ -567,3 +567,34 @@ async def test_resource_subscriptions_pass_through(tmp_path: Path) -> None:
         assert json.loads((await session.read_resource(watched)).contents[0].text) == []
         with pytest.raises(MCPError, match="does not offer resource subscriptions"):
             await session.subscribe_resource(f"raw{URI_SEP}mem://x")
+
+
+@pytest.mark.parametrize("frozen", [False, True])
+async def test_a_tool_definition_that_changes_is_reported_and_can_be_frozen(tmp_path: Path, frozen: bool) -> None:
+    """The probe's echo tool gains an argument and new wording after the host listed it: the gateway
+    reports the change; with freeze_definitions the host keeps the first definition and calls are
+    refused with what changed; `inspect` in a later run shows the change too."""
+    notes = Notes()
+    settings = make_settings(tmp_path, {"p": probe("p", "--mutate", "grow")}, freeze_definitions=frozen)
+    async with inproc(settings, notes) as (gateway, session):
+        await gateway.wait_ready()
+        await eventually(lambda: bool(gateway._listed))
+        first = {t.name: t for t in await list_all_tools(session)}["p__echo"]
+        notes.changed = anyio.Event()
+        await call(session, "p__grow")
+        with anyio.fail_after(10):
+            await notes.changed.wait()
+        now = {t.name: t for t in await list_all_tools(session)}
+        assert "p__grown" in now
+        change = gateway.routing.changed["p__echo"]
+        assert "description" in change and "input schema (+exfil)" in change
+        result = await call(session, "p__echo", {"text": "hi"})
+        if frozen:
+            assert now["p__echo"] == first
+            assert result.is_error and "+exfil" in text_of(result) and "definitions.json" in text_of(result)
+        else:
+            assert "evil.example" in (now["p__echo"].description or "")
+            assert text_of(result) == "hi"
+    cfg = write_config(tmp_path, {"p": probe("p", "--mutate", "start")}, freeze_definitions=frozen)
+    out = run_cli("inspect", "--config", str(cfg))
+    assert "changed: tool 'echo' of server 'p' changed its definition: description, input schema (+exfil)" in out.stdout

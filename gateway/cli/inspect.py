@@ -58,6 +58,8 @@ async def inspect_report(settings: Settings) -> tuple[str, bool]:
         for line in gateway.routing.dropped:
             ok = False
             lines.append(line)
+        for line in gateway.routing.changed.values():
+            lines.append(f"changed: {line} (remove {gateway.routing.ledger.path} to accept)")
         for name, why in gateway.pipeline.failed.items():
             ok = False
             lines.append(f"plugin {name} failed to start and is left out: {why}")

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import mcp_types as types
 
 import gateway.compat as compat
+from gateway.proxy.definitions import DefinitionLedger
 from gateway.proxy.upstream import Upstream
 from gateway.settings import Settings
 
@@ -75,6 +76,9 @@ class RoutingTable:
         self.prompt_routes: dict[str, Route] = {}
         self.collisions: list[str] = []
         self.dropped: list[str] = []  # definitions repaired, or left out because hosts would reject them
+        self.changed: dict[str, str] = {}  # host-facing name -> how its definition changed since first seen
+        self.frozen = settings.gateway.freeze_definitions
+        self.ledger = DefinitionLedger(settings.gateway.workspace / "definitions.json")
         self._checked: dict[tuple[str, str], str | None] = {}  # (server, definition) -> wire problem
         self.version = 0
         self.rebuild()
@@ -94,6 +98,7 @@ class RoutingTable:
         owners: dict[str, str] = {name: "the gateway" for name in self.reserved}
         collisions: list[str] = []
         dropped: list[str] = []
+        changed: dict[str, str] = {}
         # by name within each server (servers in config order): the merged list is byte-identical from
         # one listing to the next whatever order an upstream lists in (local models reuse their prompt
         # cache only then), and a name collision always resolves the same way
@@ -112,6 +117,11 @@ class RoutingTable:
                     name = alt
                     if name in owners:
                         continue
+                first, change = self.ledger.check(server, tool)
+                if change:
+                    changed[name] = f"tool '{tool.name}' of server '{server}' changed its definition: {change}"
+                    if self.frozen and first:
+                        tool = types.Tool.model_validate(first)  # the host keeps what it was first shown
                 repaired = repair_tool(tool, name)
                 if repaired.input_schema != {**(tool.input_schema or {}), "type": "object"}:
                     dropped.append(f"tool '{tool.name}' of server '{server}': its input schema was repaired")
@@ -144,6 +154,8 @@ class RoutingTable:
         self.tools, self.tool_routes = tools, routes
         self.prompts, self.prompt_routes = prompts, prompt_routes
         self.collisions = collisions
+        self.changed = changed
+        self.ledger.flush()
         self.version += 1
 
     # -- resources (namespaced by URI prefix, no table needed) ---------------------------

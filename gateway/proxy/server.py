@@ -382,6 +382,12 @@ class Gateway:
         if route is None:
             return error_result(self._unknown_tool(call.name))
         call.server, call.tool = route.server, route.name
+        if self.routing.frozen and (change := self.routing.changed.get(call.name)):
+            return error_result(
+                f"'{call.name}' was not called: {change} since it was first seen, and freeze_definitions is on, so "
+                "the gateway keeps serving the first definition and refuses the changed tool. If the change is "
+                f"expected, remove {self.routing.ledger.path} and restart the gateway."
+            )
         if (where := unencodable(call.arguments)) is not None:
             # a lone surrogate cannot be written to the upstream as UTF-8; sent, it would tear down the
             # connection and every other call in flight on it

@@ -1,0 +1,103 @@
+"""Tool definitions that change under the host: each upstream tool's first definition is remembered in
+the workspace (`definitions.json`) by its SHA-256; a later one that differs is reported (log,
+`inspect`) and, with `freeze_definitions = true`, not served: the host keeps the first definition and
+calls to the tool are refused with what changed. Removing the file accepts the current definitions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+import mcp_types as types
+
+from gateway.services.files import atomic_write
+
+log = logging.getLogger("gateway.definitions")
+FIELDS = ("title", "description", "inputSchema", "outputSchema", "annotations")
+
+
+def wire(tool: types.Tool) -> dict[str, Any]:
+    return tool.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def fingerprint(definition: dict[str, Any]) -> str:
+    body = {k: definition[k] for k in FIELDS if k in definition}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
+def what_changed(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """A short account of how a definition changed: the fields, and arguments added or removed."""
+    parts = []
+    for key in FIELDS:
+        if before.get(key) == after.get(key):
+            continue
+        if key == "inputSchema":
+            old = set((before.get(key) or {}).get("properties") or {})
+            new = set((after.get(key) or {}).get("properties") or {})
+            detail = [f"+{p}" for p in sorted(new - old)] + [f"-{p}" for p in sorted(old - new)]
+            parts.append(f"input schema ({', '.join(detail)})" if detail else "input schema")
+        else:
+            parts.append({"inputSchema": "input schema", "outputSchema": "output schema"}.get(key, key))
+    return ", ".join(parts) or "definition"
+
+
+class DefinitionLedger:
+    """server -> tool -> the first definition seen, kept in one JSON file in the workspace."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._lock = threading.Lock()
+        self._seen: dict[str, dict[str, dict[str, Any]]] = {}
+        self._reported: set[tuple[str, str, str]] = set()
+        self._dirty = False
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if isinstance(data, dict):
+                self._seen = {s: t for s, t in data.items() if isinstance(t, dict)}
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError) as exc:
+            log.warning("%s is unreadable (%s); tool definitions are remembered anew", path, exc)
+
+    def check(self, server: str, tool: types.Tool) -> tuple[dict[str, Any] | None, str]:
+        """(the first definition, what changed) when this one differs from it; (None, "") otherwise.
+        A tool seen for the first time is remembered."""
+        definition = wire(tool)
+        sha = fingerprint(definition)
+        with self._lock:
+            known = self._seen.setdefault(server, {}).get(tool.name)
+            if known is None:
+                self._seen[server][tool.name] = {"sha": sha, "definition": definition}
+                self._dirty = True
+                return None, ""
+        if known.get("sha") == sha:
+            return None, ""
+        first = known.get("definition") or {}
+        change = what_changed(first, definition)
+        if (server, tool.name, sha) not in self._reported:
+            self._reported.add((server, tool.name, sha))
+            log.warning(
+                "tool '%s' of server '%s' changed its definition since it was first seen (%s); remove %s to accept it",
+                tool.name,
+                server,
+                change,
+                self.path,
+            )
+        return first, change
+
+    def flush(self) -> None:
+        """Write the definitions seen for the first time since the last flush."""
+        with self._lock:
+            if not self._dirty:
+                return
+            self._dirty = False
+            data = json.dumps(self._seen, ensure_ascii=False, indent=1)
+        try:
+            atomic_write(self.path, data, sync=False)
+        except OSError as exc:
+            log.warning("cannot save %s: %s", self.path, exc)
