@@ -13,6 +13,7 @@ import mcp_types as types
 import pytest
 import token_corpus
 from conftest import call, inproc, make_settings, probe, run_cli, text_of, write_config
+from mcp import MCPError
 
 from plugins.offload import json_file
 
@@ -36,7 +37,8 @@ def offload_settings(tmp_path: Path, **server: Any):
 async def test_big_json_is_replaced_by_a_small_file_reference(tmp_path: Path) -> None:
     async with inproc(offload_settings(tmp_path, max_response_size=262144)) as (_, session):
         result = await call(session, "p__big", {"size": 2_000_000})
-        assert not result.is_error and len(result.content) == 1
+        assert not result.is_error and len(result.content) == 2
+        assert isinstance(result.content[1], types.ResourceLink)  # the same file, for hosts that show links
         reply = ref_of(result)
         ref = reply["fileRef"]
         assert ref["id"].startswith("resp_") and ref["kind"] == "json"
@@ -327,3 +329,25 @@ async def test_offload_policies_per_tool(tmp_path: Path) -> None:
         small = json.loads(text_of(await call(session, "p__big", {"size": 100, "kind": "text"})))
         assert small["fileRef"]["size"] == 100 and "as every result of this tool is" in small["fileRef"]["message"]
         assert Path(small["fileRef"]["path"]).read_text().startswith("2026-11-30T10:00:00Z INFO")
+
+
+async def test_the_resource_link_reads_the_saved_result_in_pieces(tmp_path: Path) -> None:
+    """The fileRef's resource_link is served by resources/read on the gateway, 64 KB at a time, each
+    piece cut at a character boundary, with the next piece's URI in `_meta`."""
+    async with inproc(offload_settings(tmp_path, max_response_size=65536)) as (_, session):
+        text = "세션 기록 " * 40_000  # 560 KB of 3-byte characters: pieces must not split one
+        result = await call(session, "p__echo", {"text": text})
+        link = next(b for b in result.content if isinstance(b, types.ResourceLink))
+        assert link.size == len(text.encode()) and link.mime_type == "text/plain"
+        pieces, uri = [], str(link.uri)
+        while uri:
+            read = await session.read_resource(uri)
+            piece = read.contents[0]
+            assert len(piece.text.encode()) <= 65536 and "\ufffd" not in piece.text
+            pieces.append(piece.text)
+            uri = (piece.meta or {}).get("next")
+        assert "".join(pieces) == text and len(pieces) > 8
+        middle = await session.read_resource(f"{link.uri}?offset=99989&length=10")  # inside a character
+        assert middle.contents[0].meta["offset"] == 99991 and middle.contents[0].text in text
+        with pytest.raises(MCPError, match="no offloaded response has the id"):
+            await session.read_resource("gateway-response://resp_00000000")

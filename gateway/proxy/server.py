@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import base64
 import logging
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
 from typing import Any
+from urllib.parse import parse_qsl
 
 import anyio
+import anyio.to_thread
 import mcp_types as types
 from mcp import MCPError
 from mcp.server import NotificationOptions, Server, ServerRequestContext
@@ -24,7 +27,15 @@ from gateway.proxy.upstream import Upstream
 from gateway.results import error_result
 from gateway.services import spill
 from gateway.services.model_endpoint import ModelEndpoint
-from gateway.services.responses import ResponseStore
+from gateway.services.responses import (
+    PIECE_BYTES,
+    RESPONSE_SCHEME,
+    ResponseStore,
+    StoreError,
+    read_piece,
+    response_uri,
+    saved_kind,
+)
 from gateway.services.spill import Spiller
 from gateway.services.window import ContextWindow
 from gateway.settings import Settings
@@ -420,6 +431,8 @@ class Gateway:
         return types.ListResourceTemplatesResult(resource_templates=items, next_cursor=cursor)
 
     async def _read_resource(self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams) -> Any:
+        if str(params.uri).startswith(RESPONSE_SCHEME):
+            return await anyio.to_thread.run_sync(self._read_response, str(params.uri), namespace_of(ctx))
         route = await self._after_start(lambda: self.routing.resource_route(params.uri))
         if route is None:
             raise MCPError(
@@ -524,6 +537,32 @@ class Gateway:
                     f"resources/unsubscribe {route.name}",
                 )
         return types.EmptyResult()
+
+    def _read_response(self, uri: str, namespace: str) -> types.ReadResourceResult:
+        """A piece of an offloaded result (`gateway-response://resp_x?offset=N&length=M`, 64 KB by default);
+        `_meta` gives the piece's range, the file's size and the next piece's URI."""
+        rid, _, query = uri.removeprefix(RESPONSE_SCHEME).partition("?")
+        args = dict(parse_qsl(query))
+        try:
+            offset, length = int(args.get("offset", 0)), int(args.get("length", PIECE_BYTES))
+            path = self.context.responses_for(namespace).resolve(rid)
+        except ValueError:
+            raise MCPError(types.INVALID_PARAMS, f"{uri!r}: offset and length are byte counts") from None
+        except StoreError as exc:
+            raise MCPError(types.INVALID_PARAMS, str(exc)) from None
+        data, start, end = read_piece(path, offset, length)
+        size = path.stat().st_size
+        meta: dict[str, Any] = {"offset": start, "length": end - start, "size": size}
+        if end < size:
+            meta["next"] = response_uri(rid, end)
+        kind = saved_kind(path)
+        if kind == "binary":
+            contents: Any = types.BlobResourceContents(uri=uri, blob=base64.b64encode(data).decode(), _meta=meta)
+        else:
+            mime = "application/json" if kind == "json" else "text/plain"
+            text = data.decode("utf-8", "replace")
+            contents = types.TextResourceContents(uri=uri, text=text, mime_type=mime, _meta=meta)
+        return types.ReadResourceResult(contents=[contents])
 
     async def _list_prompts(self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
         await self.wait_ready()

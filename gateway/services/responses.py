@@ -37,6 +37,34 @@ MIME_EXT = {
 }
 
 
+RESPONSE_SCHEME = "gateway-response://"  # resources/read on the gateway serves saved results in pieces
+PIECE_BYTES = 64 * 1024
+MAX_PIECE_BYTES = 1024 * 1024
+
+
+def response_uri(rid: str, offset: int = 0) -> str:
+    return f"{RESPONSE_SCHEME}{rid}" + (f"?offset={offset}" if offset else "")
+
+
+def read_piece(path: Path, offset: int, length: int) -> tuple[bytes, int, int]:
+    """Bytes `offset`..`offset + length` of a saved file, moved to UTF-8 character boundaries (for a
+    text file), with the start and end actually used."""
+    size = path.stat().st_size
+    start = min(max(0, offset), size)
+    end = min(size, start + max(1, min(length, MAX_PIECE_BYTES)))
+    with open(path, "rb") as fh:
+        fh.seek(start)
+        data = fh.read(end - start + 3)
+    head = 0
+    while head < min(3, len(data)) and 0x80 <= data[head] < 0xC0 and start + head < end:
+        head += 1  # an offset inside a character: start at the next one
+    cut = end - start
+    if end < size:
+        while cut > head and 0x80 <= data[cut] < 0xC0:
+            cut -= 1  # end before a character that would be split
+    return data[head:cut], start + head, start + cut
+
+
 class StoreError(Exception):
     """A path or id the model gave that does not resolve; the message says what exists."""
 

@@ -14,7 +14,7 @@ import pydantic_core
 from gateway.plugin import ToolCall
 from gateway.services import spill
 from gateway.services.costs import Cost, looks_like_json
-from gateway.services.responses import ResponseStore, Saved, open_command
+from gateway.services.responses import ResponseStore, Saved, open_command, response_uri
 from gateway.services.text import human_size
 from plugins.offload import query, textfile
 from plugins.offload.json_file import BrokenJSON, is_small
@@ -125,8 +125,16 @@ def _replace(
         f"response_outline(path='{primary.id}')" if primary.kind != "binary" else f"open it with: {ref['openCmd']}"
     )
     text = json.dumps(reply, ensure_ascii=False)
+    # the same file as a resource link: hosts that show links can open it; resources/read serves it in pieces
+    link = types.ResourceLink(
+        uri=response_uri(primary.id),
+        name=primary.id,
+        title=f"{call.name} result ({human_size(primary.size)})",
+        mime_type=primary.mime or None,
+        size=primary.size,
+    )
     return types.CallToolResult(
-        content=[types.TextContent(text=text), *inline], is_error=result.is_error, _meta=result.meta
+        content=[types.TextContent(text=text), link, *inline], is_error=result.is_error, _meta=result.meta
     )
 
 
