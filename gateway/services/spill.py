@@ -3,12 +3,13 @@
 A tool result of 100 MB arrives as one JSON-RPC line, often twice over (the text and a
 `structuredContent` copy, both escaped). Parsed whole it costs several times its size in memory. An
 upstream reader with a `Spiller` writes any line longer than its threshold to a spool file instead,
-then reads the spool once: the envelope is parsed as usual, but each long string of a tool result's
-content (and of its `structuredContent`) is decoded straight into a file of its own and replaced by a
-short marker (`MARK` + a registry key). A `structuredContent` made of many small values is copied to
-a file as raw JSON and replaced by `{JSON_KEY: key}`. Equal texts in one reply get one marker (their
-SHA-256 is compared), so a `structuredContent` that repeats the text is recognised without reading
-either.
+then reads the spool once (in a worker thread, with the C JSON scanner): the envelope is parsed as
+usual, but each long string of a tool result's content (and of its `structuredContent`) is decoded
+straight into a file of its own and replaced by a short marker (`MARK` + a registry key). A string
+whose escaped bytes repeat an earlier long one in the same reply (a `structuredContent` copy of the
+text) gets that one's marker without being decoded again; equal texts otherwise share a marker by
+their SHA-256. A `structuredContent` made of many small values is copied to a file as raw JSON and
+replaced by `{JSON_KEY: key}`.
 
 Markers never leave the gateway: the plugins that understand them (`reads_spilled`, the offload
 plugin) adopt the files; the pipeline restores the text for every other plugin, and the gateway
