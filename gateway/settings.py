@@ -5,6 +5,7 @@ Precedence: command line > environment > file > defaults.
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import os
@@ -361,7 +362,10 @@ def read_config_file(path: Path) -> dict[str, Any]:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path} is not valid JSON: {exc}") from None
+            try:  # JSON with comments and trailing commas (VS Code's mcp.json and others write it)
+                data = json.loads(strip_jsonc(text))
+            except json.JSONDecodeError:
+                raise ConfigError(f"{path} is not valid JSON: {exc}") from None
         return {"servers": servers_from_mcp_json(data)}
     try:
         return tomllib.loads(text)
@@ -474,12 +478,46 @@ def load_settings(
         raise ConfigError(format_validation_error(exc, path)) from None
 
 
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The settings model a validation error's location points into (for "did you mean")."""
+    model: Any = Settings
+    steps = list(loc[:-1])
+    while steps and model is not None:
+        step = steps.pop(0)
+        if model is Settings and step in ("servers", "hosts") and steps:
+            steps.pop(0)  # the server's (or host's) own name
+            model = ServerConfig if step == "servers" else HostSettings
+            continue
+        field = model.model_fields.get(str(step)) if isinstance(model, type) else None
+        annotation = getattr(field, "annotation", None)
+        model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    return model
+
+
+_JSONC_COMMENT = re.compile(r'"(?:[^"\\]|\\.)*"|//[^\n]*|/\*.*?\*/', re.S)
+_JSONC_COMMA = re.compile(r'"(?:[^"\\]|\\.)*"|,(?=\s*[}\]])', re.S)
+
+
+def strip_jsonc(text: str) -> str:
+    """JSONC as JSON: `//` and `/* */` comments and trailing commas removed; strings left alone."""
+    keep = lambda m: m.group() if m.group().startswith('"') else ""  # noqa: E731
+    return _JSONC_COMMA.sub(keep, _JSONC_COMMENT.sub(keep, text))
+
+
 def format_validation_error(exc: ValidationError, path: Path | None) -> str:
     where = f" in {path}" if path else ""
     lines = [f"invalid settings{where}:"]
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"])
         msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden" and err["loc"]:
+            key = str(err["loc"][-1])
+            model = _model_at(tuple(err["loc"]))
+            known = sorted(model.model_fields) if model is not None else []
+            close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+            msg = f"unknown key {key!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+            if known and not close:
+                msg += f"; known keys: {', '.join(known)}"
         lines.append(f"  {loc}: {msg}")
     return "\n".join(lines)
 

@@ -1,5 +1,6 @@
 """gateway.settings: file < environment < command line; plugin tables; host mcp.json; clear errors."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,7 @@ def test_host_mcp_json(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("[gateway]\nbudgte = 1\n", "gateway.budgte: Extra inputs are not permitted"),
+        ("[gateway]\nbudgte = 1\n", "gateway.budgte: unknown key 'budgte' (did you mean 'budget'?)"),
         ("[gateway]\nmax_response_size = 10\n", "max_response_size must be between 256"),
         ("[servers.a]\ncommand = 'x'\nurl = 'http://y'\n", "give either `command`"),
         ("[gateway]\ntransport = 'http'\nhost = '0.0.0.0'\n", "set auth_token"),
@@ -46,7 +47,7 @@ def test_host_mcp_json(tmp_path: Path) -> None:
     ],
 )
 def test_errors_are_one_clear_message(tmp_path: Path, text: str, message: str) -> None:
-    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         load_settings(write(tmp_path, text), environ={})
 
 
@@ -65,3 +66,28 @@ def test_named_tokens_from_the_table_and_a_file(tmp_path: Path) -> None:
         settings.auth.all_tokens()
     with pytest.raises(ConfigError, match=r"token name '\.\./x'"):
         load_settings(write(tmp_path, '[[auth.tokens]]\nname = "../x"\ntoken = "0123456789abcdef0"\n'), environ={})
+
+
+def test_an_unknown_key_says_what_was_meant(tmp_path: Path) -> None:
+    path = write(tmp_path, '[gateway]\nworkspce = "/tmp/x"\n\n[servers.a]\ncommand = "x"\ntimeout_second = 5\n')
+    with pytest.raises(ConfigError) as caught:
+        load_settings(path, environ={})
+    text = str(caught.value)
+    assert "gateway.workspce: unknown key 'workspce' (did you mean 'workspace'?)" in text
+    assert "servers.a.timeout_second: unknown key 'timeout_second' (did you mean 'timeout_seconds'?)" in text
+    path = write(tmp_path, "[auth]\nzzz = 1\n")
+    with pytest.raises(ConfigError, match="unknown key 'zzz'; known keys: tokens, tokens_file"):
+        load_settings(path, environ={})
+
+
+def test_json_with_comments_and_trailing_commas_is_accepted(tmp_path: Path) -> None:
+    text = """{
+      // my servers (VS Code writes mcp.json like this)
+      "mcpServers": {
+        "fs": {"command": "npx", "args": ["-y", "pkg", "http://a//b, }",], /* the folder */},
+      },
+    }"""
+    settings = load_settings(write(tmp_path, text, "mcp.json"), environ={})
+    assert settings.servers["fs"].args == ["-y", "pkg", "http://a//b, }"]
+    with pytest.raises(ConfigError, match="is not valid JSON"):
+        load_settings(write(tmp_path, '{"mcpServers": {"fs": }', "bad.json"), environ={})
