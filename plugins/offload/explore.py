@@ -8,11 +8,16 @@ import json
 from pathlib import Path
 from typing import Any
 
+import plugins.offload.json_compress as json_compress
+import plugins.offload.json_outline as json_outline
+import plugins.offload.json_search as json_search
+import plugins.offload.json_values as json_values
+import plugins.offload.query as query
+import plugins.offload.textfile as textfile
 from gateway.args import Args, ToolInputError
 from gateway.services.responses import ResponseStore, id_of, open_command, saved_kind
 from gateway.services.text import human_size
 from gateway.services.tokens import estimate_tokens
-from plugins.offload import json_compress, json_outline, json_search, json_values, query, textfile
 from plugins.offload.fit import cost, fit
 from plugins.offload.json_file import BrokenJSON, is_small
 from plugins.offload.paths import format_path, parse_path

@@ -11,12 +11,13 @@ import ijson
 import mcp_types as types
 import pydantic_core
 
+import plugins.offload.query as query
+import plugins.offload.textfile as textfile
 from gateway.plugin import ToolCall
 from gateway.services import spill
 from gateway.services.costs import Cost, looks_like_json
 from gateway.services.responses import ResponseStore, Saved, open_command, response_uri
 from gateway.services.text import human_size
-from plugins.offload import query, textfile
 from plugins.offload.json_file import BrokenJSON, is_small
 from plugins.offload.json_outline import outline, warm_outline
 

@@ -13,6 +13,7 @@ import ijson
 import mcp_types as types
 from pydantic import BaseModel, ConfigDict, Field
 
+import plugins.offload.fileref as fileref
 from gateway.args import Args, ToolInputError
 from gateway.handlers import guarded, tool
 from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall
@@ -20,7 +21,6 @@ from gateway.results import error_result
 from gateway.services.costs import result_cost
 from gateway.services.responses import StoreError
 from gateway.services.text import human_size
-from plugins.offload import fileref
 from plugins.offload.explore import MODES, Explorer
 from plugins.offload.json_file import BrokenJSON
 from plugins.offload.paths import PathError

@@ -17,9 +17,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import plugins.offload.json_outline as json_outline
+import plugins.offload.json_values as json_values
 from gateway.services.files import VersionedCache
 from gateway.services.text import dumps
-from plugins.offload import json_outline, json_values
 from plugins.offload.json_file import BrokenJSON
 from plugins.offload.paths import parse_path
 
