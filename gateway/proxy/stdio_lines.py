@@ -19,7 +19,7 @@ import anyio.to_thread
 import mcp_types as types
 from mcp.shared.message import SessionMessage
 
-from gateway.services.spill import Spiller, spool_open, spool_write
+from gateway.services.spill import LineBuffer, Spiller
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +45,7 @@ async def pump_lines(
     a request that is not valid JSON-RPC is answered at once with the JSON-RPC error (the SDK would
     only log it, and the sender would wait forever).
     """
-    pending: list[bytes] = []
-    pending_size = 0
-    refused = False
-    spool: BinaryIO | None = None
+    line = LineBuffer(spiller)
     try:
         async with read_send:
             while True:
@@ -61,46 +58,30 @@ async def pump_lines(
                 begin = 0
                 newline = chunk.find(b"\n")
                 while newline >= 0:
-                    piece = chunk[begin:newline]
-                    if spool is not None:  # on failure, the line so far (piece included) is in pending
-                        spool = spool_write(spool, piece, pending)
+                    line.add(chunk[begin:newline])
+                    done = line.take()
+                    if not isinstance(done, bytes):  # spooled
+                        message, raw = await _read_spool(spiller, done, peer)  # type: ignore[arg-type]
                     else:
-                        pending.append(piece)
-                    if spool is not None:
-                        message, raw = await _read_spool(spiller, spool, peer)  # type: ignore[arg-type]
-                        spool = None
-                    else:
-                        line = b"".join(pending).decode("utf-8", "replace")
-                        message, raw = _parse(line, peer) if line.strip() else (None, None)
-                        del line
-                    pending.clear()
-                    pending_size, refused = 0, False
+                        text = done.decode("utf-8", "replace")
+                        message, raw = _parse(text, peer) if text.strip() else (None, None)
+                        del text
+                    del done
                     if message is not None:
                         answer = error_reply(raw, message) if reply is not None else None
                         if answer is not None:
                             await reply(answer)
                         else:
                             await read_send.send(message)
-                    del message, raw, piece
+                    del message, raw
                     begin = newline + 1
                     newline = chunk.find(b"\n", begin)
                 if begin < len(chunk):
-                    rest = chunk[begin:] if begin else chunk
-                    if spool is not None:
-                        spool = spool_write(spool, rest, pending)
-                        refused = spool is None
-                        continue
-                    pending.append(rest)
-                    pending_size += len(rest)
-                    if spiller is not None and pending_size > spiller.threshold and not refused:
-                        spool = spool_open(spiller, pending)
-                        refused = spool is None  # the disk refused: this line stays in memory
+                    line.add(chunk[begin:] if begin else chunk)
     except (anyio.ClosedResourceError, anyio.BrokenResourceError):
         pass
     finally:
-        if spool is not None:  # the stream ended mid-line: nobody will read this
-            spool.close()
-            Path(spool.name).unlink(missing_ok=True)
+        line.discard()  # the stream ended mid-line: nobody will read this
 
 
 async def _read_spool(spiller: Spiller, spool: BinaryIO, peer: str) -> tuple[SessionMessage | Exception, Any]:

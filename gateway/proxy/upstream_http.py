@@ -18,7 +18,7 @@ from typing import BinaryIO
 import anyio.to_thread
 import httpx2
 
-from gateway.services.spill import Spiller, spool_open, spool_write
+from gateway.services.spill import LineBuffer, Spiller, spool_open, spool_write
 
 log = logging.getLogger(__name__)
 
@@ -64,28 +64,14 @@ class _Rewritten(httpx2.AsyncByteStream):
 
     async def _json(self) -> AsyncIterator[bytes]:
         """A JSON body: passed on whole when short, else spooled and replaced by its marked-up JSON."""
-        pending: list[bytes] = []
-        size = 0
-        spool: BinaryIO | None = None
-        refused = False
+        body = LineBuffer(self.spiller)
         try:
             async for chunk in self.inner:
-                if spool is not None:
-                    spool = spool_write(spool, chunk, pending)
-                    refused = spool is None
-                    continue
-                pending.append(chunk)
-                size += len(chunk)
-                if size > self.spiller.threshold and not refused:
-                    spool = spool_open(self.spiller, pending)
-                    refused = spool is None
-            if spool is not None:
-                yield await _read(self.spiller, spool)
-                spool = None
-            else:
-                yield b"".join(pending)
+                body.add(chunk)
+            done = body.take()
+            yield done if isinstance(done, bytes) else await _read(self.spiller, done)
         finally:
-            _discard(spool)
+            body.discard()
 
     async def _sse(self) -> AsyncIterator[bytes]:
         """SSE lines: short ones passed on as they complete; a long `data:` line spooled and replaced."""

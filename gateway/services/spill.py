@@ -360,6 +360,42 @@ def spool_write(spool: BinaryIO, data: bytes, pending: list[bytes]) -> BinaryIO 
     return spool
 
 
+class LineBuffer:
+    """One line (or body) as it arrives: in memory while short, spooled to disk once it grows past the
+    spiller's threshold (kept in memory when the disk refuses, or without a spiller)."""
+
+    def __init__(self, spiller: Spiller | None):
+        self.spiller = spiller
+        self.pending: list[bytes] = []
+        self.size = 0
+        self.spool: BinaryIO | None = None
+        self.refused = False
+
+    def add(self, data: bytes) -> None:
+        if self.spool is not None:
+            self.spool = spool_write(self.spool, data, self.pending)
+            self.refused = self.spool is None
+            return
+        self.pending.append(data)
+        self.size += len(data)
+        if self.spiller is not None and self.size > self.spiller.threshold and not self.refused:
+            self.spool = spool_open(self.spiller, self.pending)
+            self.refused = self.spool is None  # the disk refused: this line stays in memory
+
+    def take(self) -> bytes | BinaryIO:
+        """The finished line: its bytes, or its spool file (to read back); the buffer starts anew."""
+        out: bytes | BinaryIO = self.spool if self.spool is not None else b"".join(self.pending)
+        self.pending, self.size, self.spool, self.refused = [], 0, None, False
+        return out
+
+    def discard(self) -> None:
+        """Drop an unfinished line (the stream ended mid-line), its spool file too."""
+        if self.spool is not None:
+            self.spool.close()
+            Path(self.spool.name).unlink(missing_ok=True)
+        self.pending, self.size, self.spool, self.refused = [], 0, None, False
+
+
 # -- reading a spooled line ---------------------------------------------------------------------------
 
 

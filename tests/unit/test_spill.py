@@ -30,6 +30,13 @@ def _text(rng: random.Random, n: int) -> str:
     return "".join(rng.choice(PIECES) for _ in range(n))
 
 
+@pytest.fixture(autouse=True)
+def empty_registry() -> object:
+    """Parts a test registers are not left for the next one (the registry is process-wide)."""
+    yield
+    spill._entries.clear()
+
+
 @pytest.fixture
 def small_reads(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(spill, "KEEP", 16)
