@@ -186,7 +186,9 @@ def warm(result: Path, kind: str) -> None:
         except Exception as exc:  # a result that cannot be converted: the first query will say why
             log.debug("background conversion of %s failed: %s", result.name, exc)
 
-    threading.Thread(target=convert, name=f"duckdb:{result.name}", daemon=True).start()
+    # not a daemon: DuckDB aborts the whole process (exit 134) when a daemon thread inside it is killed at
+    # interpreter exit; the exit waits for the conversion instead
+    threading.Thread(target=convert, name=f"duckdb:{result.name}", daemon=False).start()
 
 
 def run(result: Path, kind: str, sql: str) -> tuple[list[str], list[list[Any]], int]:
