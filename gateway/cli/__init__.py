@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_clean(settings)
         from gateway.cli.serve import cmd_serve
 
-        return cmd_serve(settings)
+        return cmd_serve(settings, reload=lambda: _settings(args))
     except (ConfigError, PluginError) as exc:
         print(f"mcp-context-gateway: {exc}", file=sys.stderr)
         return 2

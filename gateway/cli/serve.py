@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import anyio
 
@@ -11,7 +12,7 @@ from gateway.settings import Settings
 log = logging.getLogger("gateway")
 
 
-def cmd_serve(settings: Settings) -> int:
+def cmd_serve(settings: Settings, reload: Callable[[], Settings] | None = None) -> int:
     from gateway.compat import check_sdk_version
     from gateway.proxy.host_transport import serve_http, serve_stdio
     from gateway.proxy.server import Gateway
@@ -24,5 +25,5 @@ def cmd_serve(settings: Settings) -> int:
         )
     gateway = Gateway(settings)
     serve = serve_http if settings.gateway.transport == "http" else serve_stdio
-    anyio.run(serve, gateway)
+    anyio.run(serve, gateway, reload)
     return 0

@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -17,10 +18,13 @@ from mcp.server.transport_security import TransportSecuritySettings
 
 import gateway.compat as compat
 from gateway.proxy.host_stdio import pipe_stdio_server
+from gateway.proxy.reload import ConfigReloader
 from gateway.proxy.server import NAMESPACE_SCOPE_KEY, Gateway
-from gateway.settings import LOOPBACK_HOSTS
+from gateway.settings import LOOPBACK_HOSTS, Settings
 
 log = logging.getLogger("gateway.host_transport")
+
+Loader = Callable[[], Settings]  # re-reads the settings from the sources used at start (live reload)
 
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -60,11 +64,13 @@ def _front_stdio() -> Any:
     return stdio_server()
 
 
-async def serve_stdio(gateway: Gateway) -> None:
+async def serve_stdio(gateway: Gateway, reload: Loader | None = None) -> None:
     async with anyio.create_task_group() as tg:
         if HANDLE_SIGNALS:
             tg.start_soon(_exit_on_signal, gateway)
         async with gateway.running(), _front_stdio() as (read, write):
+            if reload is not None:
+                tg.start_soon(ConfigReloader(gateway, reload).watch, name="config:watch")
             await gateway.server.run(read, write, gateway.server.create_initialization_options())
         tg.cancel_scope.cancel()
 
@@ -136,7 +142,7 @@ def build_http_app(gateway: Gateway) -> tuple[Any, StreamableHTTPSessionManager]
     return app, manager
 
 
-async def serve_http(gateway: Gateway, ready: anyio.Event | None = None) -> None:
+async def serve_http(gateway: Gateway, reload: Loader | None = None, ready: anyio.Event | None = None) -> None:
     import uvicorn
 
     cfg = gateway.settings.gateway
@@ -148,6 +154,8 @@ async def serve_http(gateway: Gateway, ready: anyio.Event | None = None) -> None
         if HANDLE_SIGNALS:
             tg.start_soon(_cancel_on_signal, tg.cancel_scope)
         async with gateway.running(), manager.run():
+            if reload is not None:
+                tg.start_soon(ConfigReloader(gateway, reload).watch, name="config:watch")
             log.warning("serving Streamable HTTP at http://%s:%d/mcp", cfg.host, cfg.port)
             if ready is not None:
                 ready.set()

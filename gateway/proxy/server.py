@@ -11,6 +11,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 import anyio
+import anyio.abc
 import anyio.to_thread
 import mcp_types as types
 from mcp import MCPError
@@ -22,6 +23,7 @@ from mcp.shared.subscriptions import PromptsListChanged, ResourcesListChanged, R
 from gateway.pipeline import build_pipeline
 from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall
 from gateway.proxy.catalog_mode import CatalogMode
+from gateway.proxy.reload import STOP_WAIT, Plan
 from gateway.proxy.routing import URI_SEP, Route, RoutingTable
 from gateway.proxy.upstream import Upstream
 from gateway.results import error_result
@@ -38,7 +40,7 @@ from gateway.services.responses import (
 )
 from gateway.services.spill import Spiller
 from gateway.services.window import ContextWindow
-from gateway.settings import Settings
+from gateway.settings import ServerConfig, Settings
 
 log = logging.getLogger("gateway.server")
 
@@ -147,17 +149,8 @@ class Gateway:
         self.pipeline = build_pipeline(settings, plugins)
         # a plugin that takes results with their long texts on disk lets upstreams spool huge replies
         self.spiller = Spiller(workspace / "spill") if self.pipeline.reads_spilled else None
-        self.upstreams = {
-            name: Upstream(
-                name,
-                cfg,
-                workspace / "logs",
-                on_change=self._upstream_changed,
-                spiller=self.spiller,
-                on_notice=self._relay,
-            )
-            for name, cfg in settings.enabled_servers.items()
-        }
+        self.upstreams = {name: self._new_upstream(name, cfg) for name, cfg in settings.enabled_servers.items()}
+        self._tg: anyio.abc.TaskGroup | None = None  # where upstreams run (added ones too, on reload)
         self.llm = ModelEndpoint(settings.llm, workspace)
         self.window = ContextWindow(settings, self.llm)
         self.routing = RoutingTable(settings, self.upstreams)
@@ -181,6 +174,16 @@ class Gateway:
         self._listed: tuple[Any, ...] = ()
         self.server = self._build_server()
 
+    def _new_upstream(self, name: str, cfg: ServerConfig) -> Upstream:
+        return Upstream(
+            name,
+            cfg,
+            self.settings.gateway.workspace / "logs",
+            on_change=self._upstream_changed,
+            spiller=self.spiller,
+            on_notice=self._relay,
+        )
+
     def _auto_window(self, session_id: str | None) -> int:
         """The window catalog mode `auto` compares against: the host's, else (unknown) twice the budget."""
         return self.window.size(session_id) or 2 * self.window.budget(session_id)
@@ -200,6 +203,7 @@ class Gateway:
         if self.spiller is not None:
             self.spiller.remove_stale()
         async with anyio.create_task_group() as tg:
+            self._tg = tg
             for upstream in self.upstreams.values():
                 tg.start_soon(upstream.run, name=f"upstream:{upstream.name}")
             llm_scope = anyio.CancelScope()
@@ -230,6 +234,35 @@ class Gateway:
             for upstream in self.upstreams.values():
                 await upstream.finished.wait()
         await self.pipeline.stop()
+
+    async def reconfigure(self, new: Settings, change: Plan) -> None:
+        """Apply a reloaded configuration (see `proxy/reload.py`): stop removed and changed servers
+        (their processes end), start added and changed ones, update the rest in place, and tell every
+        host its lists changed. The merged lists keep the new config's server order."""
+        stopping = [self.upstreams[name] for name in change.removed + change.restarted]
+        for upstream in stopping:
+            upstream.stop()
+        with anyio.move_on_after(STOP_WAIT):
+            for upstream in stopping:
+                await upstream.finished.wait()
+        self.settings.servers = new.servers  # shared with the plugins and the window: one assignment
+        self.settings.hosts = new.hosts
+        for key, value in change.live.items():
+            setattr(self.settings.gateway, key, value)
+        current = dict(self.upstreams)
+        self.upstreams.clear()  # in place: the routing table holds this dict
+        for name, cfg in new.enabled_servers.items():
+            upstream = current.get(name)
+            if upstream is None or name in change.restarted:
+                upstream = self._new_upstream(name, cfg)
+                assert self._tg is not None, "reconfigure needs a running gateway"
+                self._tg.start_soon(upstream.run, name=f"upstream:{name}")
+            else:
+                upstream.config = cfg
+            self.upstreams[name] = upstream
+        for uri in [u for u in self.subscribers if u.partition(URI_SEP)[0] in change.removed + change.restarted]:
+            del self.subscribers[uri]  # the server that sent its updates is gone
+        await self._upstream_changed(None)
 
     async def _after_start(self, lookup: Callable[[], Route | None]) -> Route | None:
         """`lookup()`, looked up again once the upstreams still starting are up: a request sent right
@@ -271,7 +304,7 @@ class Gateway:
             tuple(self.routing.prompts),
         )
 
-    async def _upstream_changed(self, upstream: Upstream) -> None:
+    async def _upstream_changed(self, upstream: Upstream | None) -> None:
         before = self._listed or self._snapshot()
         self.routing.rebuild()
         after = self._snapshot()

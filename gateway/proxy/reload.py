@@ -1,0 +1,182 @@
+"""Live reload: the config file is watched (and SIGHUP re-reads it); a change is applied to the
+running gateway without the host restarting it.
+
+Servers added are started, removed ones stopped (their processes end), a server whose connection
+changed is restarted; a change that only touches how the gateway shows a server (filters, prefix,
+tool mode, offload policy, limits) applies in place. Of the gateway-wide settings, the window and
+result limits and the tool mode apply live; the rest (transport, host, port, workspace, plugins,
+the model endpoint, tokens) is logged as needing a restart. A file that does not load is logged
+with the message `inspect` prints, and the running configuration stays in force.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import anyio
+import anyio.to_thread
+
+from gateway.settings import ConfigError, GatewaySettings, ServerConfig, Settings
+
+log = logging.getLogger("gateway.reload")
+
+# [gateway] keys read at each use (window, limits, tool mode): they change without a restart
+LIVE_GATEWAY_KEYS = ("budget", "context_window", "max_response_size", "max_response_tokens", "tool_mode")
+# what a running upstream connection was made from: a change means stopping it and starting anew
+CONNECTION_KEYS = ("command", "args", "env", "cwd", "url", "headers", "init_timeout_seconds", "ping_seconds")
+DEBOUNCE_MS = 300  # editors write a file in several steps (truncate, write, rename)
+STOP_WAIT = 10.0
+
+
+@dataclass
+class Plan:
+    """What a reloaded configuration changes, by name."""
+
+    added: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    restarted: list[str] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)  # same connection, other settings: applied in place
+    live: dict[str, Any] = field(default_factory=dict)  # [gateway] key -> new value
+    hosts_changed: bool = False
+    needs_restart: list[str] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not (
+            self.added
+            or self.removed
+            or self.restarted
+            or self.updated
+            or self.live
+            or self.hosts_changed
+            or self.needs_restart
+        )
+
+    def summary(self) -> str:
+        parts = [
+            f"{what} {', '.join(names)}"
+            for what, names in (
+                ("added", self.added),
+                ("removed", self.removed),
+                ("restarted", self.restarted),
+                ("updated", self.updated),
+            )
+            if names
+        ]
+        parts += [f"[gateway] {key} = {value!r}" for key, value in self.live.items()]
+        if self.hosts_changed:
+            parts.append("[hosts] updated")
+        return "; ".join(parts) or "nothing to apply"
+
+
+def plan(old: Settings, new: Settings) -> Plan:
+    """Compare the running settings with reloaded ones (pure: nothing is started or stopped)."""
+    out = Plan()
+    before, after = old.enabled_servers, new.enabled_servers
+    out.removed = [name for name in before if name not in after]
+    for name, cfg in after.items():
+        if name not in before:
+            out.added.append(name)
+        elif cfg != before[name]:
+            (out.restarted if _connection_changed(before[name], cfg) else out.updated).append(name)
+    for key in GatewaySettings.model_fields:
+        if getattr(old.gateway, key) != getattr(new.gateway, key):
+            if key in LIVE_GATEWAY_KEYS:
+                out.live[key] = getattr(new.gateway, key)
+            else:
+                out.needs_restart.append(f"[gateway] {key}")
+    out.hosts_changed = old.hosts != new.hosts
+    if old.llm != new.llm:
+        out.needs_restart.append("[llm]")
+    out.needs_restart += [
+        f"[plugins.{name}]"
+        for name in sorted(set(old.plugins) | set(new.plugins))
+        if old.plugins.get(name) != new.plugins.get(name)
+    ]
+    if old.auth != new.auth:
+        out.needs_restart.append("[auth]")
+    return out
+
+
+def _connection_changed(old: ServerConfig, new: ServerConfig) -> bool:
+    return any(getattr(old, key) != getattr(new, key) for key in CONNECTION_KEYS)
+
+
+class Reconfigurable(Protocol):
+    """What a reload acts on (the running `Gateway`)."""
+
+    settings: Settings
+
+    async def reconfigure(self, new: Settings, change: Plan) -> None: ...
+
+
+class ConfigReloader:
+    """Re-reads the settings (`load`, the same sources as at start) and applies what changed."""
+
+    def __init__(self, gateway: Reconfigurable, load: Callable[[], Settings]):
+        self.gateway = gateway
+        self.load = load
+        self._lock = anyio.Lock()
+        self.applied = 0  # reloads that changed something (tests wait on it)
+        self.failed = 0
+        self.listening = anyio.Event()  # set once SIGHUP is handled here (before, it would end the process)
+
+    async def reload(self, why: str) -> Plan | None:
+        """Load and apply; None (logged, the running configuration kept) when the file does not load."""
+        async with self._lock:
+            try:
+                new = await anyio.to_thread.run_sync(self.load)
+            except ConfigError as exc:
+                self.failed += 1
+                message = " ".join(line.strip() for line in str(exc).splitlines())
+                log.error("config reload (%s): %s; the running configuration stays in force", why, message)
+                return None
+            except Exception as exc:  # never let a reload take the gateway down
+                self.failed += 1
+                log.exception("config reload (%s) failed: %s; the running configuration stays in force", why, exc)
+                return None
+            change = plan(self.gateway.settings, new)
+            if change.empty:
+                log.info("config reload (%s): no change", why)
+                return change
+            for what in change.needs_restart:
+                log.warning("config reload: %s changed; it needs a restart of the gateway to apply", what)
+            await self.gateway.reconfigure(new, change)
+            self.applied += 1
+            log.warning("config reloaded (%s): %s", why, change.summary())
+            return change
+
+    async def watch(self) -> None:
+        """Reload on every change to the config file (by name: editors save by writing a new file and
+        renaming it over the old one) and, on POSIX, on SIGHUP. Runs until cancelled."""
+        async with anyio.create_task_group() as tg:
+            if sys.platform != "win32":
+                tg.start_soon(self._on_sighup)
+            path = self.gateway.settings.config_path
+            if path is not None:
+                tg.start_soon(self._on_file_change, path)
+
+    async def _on_sighup(self) -> None:
+        with anyio.open_signal_receiver(signal.SIGHUP) as received:
+            self.listening.set()
+            async for _ in received:
+                await self.reload("SIGHUP")
+
+    async def _on_file_change(self, path: Any) -> None:
+        import watchfiles  # only a served gateway with a config file watches it
+
+        def is_config(_change: Any, changed: str) -> bool:
+            return changed == str(path)
+
+        try:
+            async for _ in watchfiles.awatch(
+                path.parent, watch_filter=is_config, debounce=DEBOUNCE_MS, step=50, recursive=False
+            ):
+                await self.reload(f"{path.name} changed")
+        except Exception as exc:  # a folder that cannot be watched: SIGHUP still works
+            log.warning("cannot watch %s for changes (%s); send SIGHUP to reload it", path, exc)

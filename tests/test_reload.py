@@ -1,0 +1,142 @@
+"""Live reload of the config: a running gateway gains and loses servers without the host restarting it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+import pytest
+from conftest import PY, eventually, gateway_env, inproc, make_settings, ok, probe, text_of, write_config
+from mcp import ClientSession
+
+from gateway.proxy.reload import ConfigReloader
+from gateway.proxy.upstream_stdio import linear_stdio_client
+from gateway.settings import load_settings
+
+pytestmark = pytest.mark.anyio
+
+
+class Changes:
+    """Counts the tools/list_changed notifications a host receives."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    async def __call__(self, message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            self.count += 1
+
+
+def save(path: Path, text: str) -> None:
+    """Save the way editors do: a new file renamed over the old one."""
+    tmp = path.with_name(path.name + ".swp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def ended(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
+    return "\nState:\tZ" in status
+
+
+async def tool_names(session: ClientSession) -> set[str]:
+    return {t.name for t in (await session.list_tools()).tools}
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc to see the removed server's process end")
+async def test_a_running_gateway_gains_and_loses_servers(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, {"a": probe("a")})
+    config_text = cfg.read_text()
+    changes = Changes()
+    errlog_path = tmp_path / "gw.err"
+    with open(errlog_path, "wb") as errlog:
+        async with (
+            linear_stdio_client(PY, ["-m", "gateway", "--config", str(cfg)], gateway_env(), None, errlog) as streams,
+            ClientSession(*streams, message_handler=changes) as session,
+        ):
+            await session.initialize()
+            assert "a__echo" in await tool_names(session)
+            pid_a = int(text_of(await session.call_tool("a__pid", {})))
+
+            # a server added: started, listed, callable; the host told
+            seen = changes.count
+            save(cfg, config_text.replace("[servers.a]", _table("b") + "\n[servers.a]"))
+            await eventually(lambda: changes.count > seen, 20, "list_changed after adding b")
+            await eventually_listed(session, "b__echo")
+            assert text_of(await session.call_tool("b__whoami", {})) == "b"
+
+            # a server removed: its tools gone, its process ended
+            seen = changes.count
+            save(cfg, config_text.replace(_table("a"), _table("b")))
+            await eventually(lambda: changes.count > seen, 20, "list_changed after removing a")
+            names = await tool_names(session)
+            assert "b__echo" in names and not any(n.startswith("a__") for n in names)
+            await eventually(lambda: ended(pid_a), 15, "server a's process to end")
+
+            # a broken edit: logged with the one-line config message, the running configuration kept
+            save(cfg, config_text.replace(_table("a"), _table("b")) + "\n[servers.c\ncommand = \n")
+            await eventually(lambda: b"the running configuration stays in force" in errlog_path.read_bytes(), 20)
+            assert b"is not valid TOML" in errlog_path.read_bytes()
+            assert b"Traceback" not in errlog_path.read_bytes()
+            assert text_of(await session.call_tool("b__whoami", {})) == "b"
+
+            # fixed again: applied
+            seen = changes.count
+            save(cfg, config_text.replace(_table("a"), _table("b") + _table("c")))
+            await eventually(lambda: changes.count > seen, 20, "list_changed after the fix")
+            await eventually_listed(session, "c__echo")
+            assert text_of(await session.call_tool("c__whoami", {})) == "c"
+
+
+async def eventually_listed(session: ClientSession, name: str) -> None:
+    with anyio.fail_after(20):
+        while name not in await tool_names(session):
+            await anyio.sleep(0.05)
+
+
+def _table(name: str) -> str:
+    args = ", ".join(f'"{a}"' for a in probe(name)["args"])
+    return f'[servers.{name}]\ncommand = "{PY}"\nargs = [{args}]\n'
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGHUP is POSIX")
+async def test_sighup_reloads_and_a_changed_server_restarts(tmp_path: Path) -> None:
+    """SIGHUP re-reads the settings; a server whose command line changed is restarted (new process), one
+    whose filter changed keeps its process, and a setting that cannot change live is reported."""
+    settings = make_settings(tmp_path, {"a": probe("a"), "b": probe("b")})
+    (tmp_path / "next").mkdir()
+    new_cfg = write_config(
+        tmp_path / "next",
+        {"a": probe("a", "--extra-tools", "2"), "b": probe("b", tools={"exclude": ["hang"]})},
+        workspace=str(settings.gateway.workspace),
+        port=9999,
+    )
+    changes = Changes()
+    async with inproc(settings, notes=changes) as (gateway, session):
+        await gateway.wait_ready()
+        pid_a = int(text_of(await session.call_tool("a__pid", {})))
+        pid_b = int(text_of(await session.call_tool("b__pid", {})))
+        reloader = ConfigReloader(gateway, lambda: load_settings(new_cfg, environ={}))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(reloader.watch)
+            with anyio.fail_after(5):
+                await reloader.listening.wait()
+            os.kill(os.getpid(), signal.SIGHUP)
+            await eventually(lambda: reloader.applied == 1, 20, "the SIGHUP reload")
+            tg.cancel_scope.cancel()
+        await eventually_listed(session, "a__extra_1")
+        names = await tool_names(session)
+        assert "b__hang" not in names and "b__echo" in names
+        assert int(text_of(await session.call_tool("a__pid", {}))) != pid_a
+        assert int(text_of(await session.call_tool("b__pid", {}))) == pid_b
+        assert changes.count >= 1
+        assert gateway.settings.gateway.port == 8808  # needs a restart: not applied
+        assert (await ok(session, "b__add", {"a": 1, "b": 2}))["sum"] == 3
