@@ -17,6 +17,7 @@ import mcp_types as types
 from pydantic import BaseModel
 
 from gateway.progress import ProgressReporter, no_progress
+from gateway.services.costs import Cost, result_cost
 from gateway.services.responses import ResponseStore
 
 if TYPE_CHECKING:  # types only: services the context hands out (no cycle: services never import the plugin API)
@@ -41,6 +42,15 @@ class ToolCall:
     request_id: Any = None
     meta: dict[str, Any] = field(default_factory=dict)  # the host's `_meta`, minus its own progress token
     namespace: str = ""  # whose data this call may see: the HTTP token's name; "" = the one local user
+    _costs: dict[int, tuple[Any, Cost]] = field(default_factory=dict, init=False, repr=False)
+
+    def cost_of(self, result: types.CallToolResult) -> Cost:
+        """What `result` costs in the context (`costs.result_cost`), counted once per result object of
+        this call: offload, the monitor and the gateway's usage figures share the count."""
+        found = self._costs.get(id(result))
+        if found is None or found[0] is not result:
+            found = self._costs[id(result)] = (result, result_cost(result))
+        return found[1]
 
 
 ToolHandler = Callable[[ToolCall], Awaitable[types.CallToolResult]]

@@ -196,13 +196,15 @@ ALICE, BOB = "alice-token-0123456789abcdef", "bob-token-0123456789abcdefgh"
 
 
 async def _as(url: str, token: str):
-    """A host session over HTTP with a bearer token."""
+    """A host session over HTTP with a bearer token ("" = none)."""
     from contextlib import asynccontextmanager
 
     @asynccontextmanager
     async def session():
         async with (
-            httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=httpx2.Timeout(30)) as http,
+            httpx2.AsyncClient(
+                headers={"Authorization": f"Bearer {token}"} if token else {}, timeout=httpx2.Timeout(30)
+            ) as http,
             streamable_http_client(url, http_client=http) as (read, write),
             ClientSession(read, write) as s,
         ):
@@ -252,3 +254,33 @@ def test_allowed_origins_admit_a_browser_client(tmp_path: Path) -> None:
         assert allowed.status_code == 200
         other = httpx2.post(url, json=INIT, headers=JSON_HEADERS | {"origin": "https://evil.example"})
         assert other.status_code == 403
+
+
+async def test_metrics_in_prometheus_text_under_the_same_rules(tmp_path: Path) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with http_gateway(tmp_path) as url:  # loopback, no token: open like /mcp
+        metrics_url = url.replace("/mcp", "/metrics")
+        async with await _as(url, "") as host:
+            await host.call_tool("p__echo", {"text": "hi"})
+            await host.call_tool("p__fail", {})
+        page = httpx2.get(metrics_url)
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/plain")
+        samples = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(page.text)
+            for s in family.samples
+        }
+        direct = (("server", "p"), ("tool", "echo"), ("via", "direct"))
+        assert samples[("mcp_gateway_calls_total", direct)] == 1
+        assert samples[("mcp_gateway_errors_total", (("server", "p"), ("tool", "fail"), ("via", "direct")))] == 1
+        assert samples[("mcp_gateway_upstream_up", (("server", "p"),))] == 1
+        assert samples[("mcp_gateway_call_seconds_count", (("server", "p"),))] == 2
+        # a page from another site cannot read it (DNS rebinding: the Host header is checked)
+        assert httpx2.get(metrics_url, headers={"host": "evil.example"}).status_code in (403, 421)
+    with http_gateway(tmp_path, host="0.0.0.0", env={"CTX_AUTH_TOKEN": "t0ken"}) as url:  # off loopback
+        metrics_url = url.replace("0.0.0.0", "127.0.0.1").replace("/mcp", "/metrics")
+        assert httpx2.get(metrics_url).status_code == 401
+        assert httpx2.get(metrics_url, headers={"authorization": "Bearer nope"}).status_code == 401
+        good = httpx2.get(metrics_url, headers={"authorization": "Bearer t0ken"})
+        assert good.status_code == 200 and "mcp_gateway_upstream_up" in good.text

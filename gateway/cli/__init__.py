@@ -21,7 +21,7 @@ from gateway.settings import (
 )
 
 log = logging.getLogger("gateway")
-COMMANDS = ("serve", "inspect", "demo", "clean", "hook", "import")
+COMMANDS = ("serve", "inspect", "demo", "stats", "clean", "hook", "import")
 
 
 def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
@@ -63,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
         "serve": "run the gateway for a host (stdio unless --transport http)",
         "inspect": "start every upstream and print a table; non-zero exit if one fails",
         "demo": "start the gateway as a host would, call a tool with an oversized result, print what happened",
+        "stats": "what passed through the gateway and the tokens it kept out of the window, per server and tool",
         "clean": "remove every offloaded response file",
         "hook": "PostToolUse / AfterTool hook for Claude Code and Gemini CLI",
         "import": "print the TOML equivalent of a host mcp.json",
@@ -75,6 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "hook":
             p.add_argument("--statusline", action="store_true", help="write the bridge file from statusline JSON")
             continue
+        if name == "stats":
+            p.add_argument(
+                "--period", choices=["day", "week", "all"], default="all", help="rows for this period (default all)"
+            )
+            p.add_argument("--json", action="store_true", help="print the figures as JSON")
         p.add_argument("--config", "-c", help="gateway TOML or host mcp.json (absolute path); env CTX_CONFIG")
         p.add_argument("--verbose", "-v", action="store_true", help="log at INFO level to stderr")
         _add_setting_flags(p)
@@ -123,6 +129,10 @@ def main(argv: list[str] | None = None) -> int:
             from gateway.cli.demo import cmd_demo
 
             return cmd_demo(settings)
+        if args.command == "stats":
+            from gateway.cli.stats import cmd_stats
+
+            return cmd_stats(settings, args.period, args.json)
         if args.command == "clean":
             from gateway.cli.clean import cmd_clean
 

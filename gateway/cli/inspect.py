@@ -4,16 +4,10 @@ from __future__ import annotations
 
 import anyio
 
+from gateway.cli.table import table
 from gateway.proxy.server import Gateway
 from gateway.services.costs import definition_tokens
 from gateway.settings import Settings
-
-
-def _table(rows: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 async def inspect_report(settings: Settings) -> tuple[str, bool]:
@@ -41,7 +35,7 @@ async def inspect_report(settings: Settings) -> tuple[str, bool]:
             if gateway.upstreams[gateway.routing.tool_routes[n].server].config.pin
         ]
         lines = [
-            _table(rows),
+            table(rows),
             "",
             f"host receives {len(listed)} tools, ~{definition_tokens(listed)} tokens of definitions "
             f"(tool mode {mode}; {reason})",

@@ -18,6 +18,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 
 import gateway.compat as compat
 from gateway.proxy.host_stdio import pipe_stdio_server
+from gateway.proxy.metrics import MetricsEndpoint
 from gateway.proxy.reload import ConfigReloader
 from gateway.proxy.server import NAMESPACE_SCOPE_KEY, Gateway
 from gateway.settings import LOOPBACK_HOSTS, Settings
@@ -126,9 +127,10 @@ def build_http_app(gateway: Gateway) -> tuple[Any, StreamableHTTPSessionManager]
     from starlette.routing import Route
 
     cfg = gateway.settings.gateway
+    security = security_settings(cfg.host, cfg.port, cfg.allowed_origins)
     manager = StreamableHTTPSessionManager(
         app=gateway.server,
-        security_settings=security_settings(cfg.host, cfg.port, cfg.allowed_origins),
+        security_settings=security,
         session_idle_timeout=1800,
         max_request_body_size=16 * 1024 * 1024,
     )
@@ -136,9 +138,18 @@ def build_http_app(gateway: Gateway) -> tuple[Any, StreamableHTTPSessionManager]
     tokens = {t.token: t.name for t in gateway.settings.auth.all_tokens()}
     if cfg.auth_token:
         tokens[cfg.auth_token] = ""
+    metrics: Any = MetricsEndpoint(
+        gateway.stats, lambda: {name: up.state for name, up in gateway.upstreams.items()}, security
+    )
     if tokens:
         endpoint = BearerAuth(endpoint, tokens)
-    app = Starlette(routes=[Route("/mcp", endpoint=endpoint, methods=["GET", "POST", "DELETE"])])
+        metrics = BearerAuth(metrics, tokens)
+    app = Starlette(
+        routes=[
+            Route("/mcp", endpoint=endpoint, methods=["GET", "POST", "DELETE"]),
+            Route("/metrics", endpoint=metrics, methods=["GET"]),
+        ]
+    )
     return app, manager
 
 

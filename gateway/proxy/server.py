@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
@@ -28,6 +29,7 @@ from gateway.proxy.routing import URI_SEP, Route, RoutingTable
 from gateway.proxy.upstream import Upstream
 from gateway.results import error_result
 from gateway.services import spill
+from gateway.services.costs import definition_tokens
 from gateway.services.model_endpoint import ModelEndpoint
 from gateway.services.responses import (
     PIECE_BYTES,
@@ -39,6 +41,7 @@ from gateway.services.responses import (
     saved_kind,
 )
 from gateway.services.spill import Spiller
+from gateway.services.stats import FLUSH_SECONDS, Row, Stats
 from gateway.services.window import ContextWindow
 from gateway.settings import ServerConfig, Settings
 
@@ -151,6 +154,9 @@ class Gateway:
         self.spiller = Spiller(workspace / "spill") if self.pipeline.reads_spilled else None
         self.upstreams = {name: self._new_upstream(name, cfg) for name, cfg in settings.enabled_servers.items()}
         self._tg: anyio.abc.TaskGroup | None = None  # where upstreams run (added ones too, on reload)
+        self.stats = Stats(workspace)
+        self._closing = anyio.Event()
+        self._list_costs: dict[tuple[Any, ...], tuple[int, int]] = {}  # listing -> (tokens shown, kept out)
         self.llm = ModelEndpoint(settings.llm, workspace)
         self.window = ContextWindow(settings, self.llm)
         self.routing = RoutingTable(settings, self.upstreams)
@@ -162,7 +168,7 @@ class Gateway:
             responses=ResponseStore(settings.gateway.responses_dir),
             tokens=self.llm.tokens,
             window=self.window,
-            status_of=self.pipeline.status,
+            status_of=self._status,
         )
         self.own_tools: dict[str, PluginTool] = {}
         self.meta_tools: dict[str, PluginTool] = {spec.tool.name: spec for spec in self.catalog_mode.tools()}
@@ -183,6 +189,10 @@ class Gateway:
             spiller=self.spiller,
             on_notice=self._relay,
         )
+
+    def _status(self, session_id: str) -> dict[str, Any]:
+        """Every plugin's figures for a host connection, and its usage line (`context_status`)."""
+        return self.pipeline.status(session_id) | {"usage": self.stats.session_line(session_id)}
 
     def _auto_window(self, session_id: str | None) -> int:
         """The window catalog mode `auto` compares against: the host's, else (unknown) twice the budget."""
@@ -213,6 +223,7 @@ class Gateway:
                     await self.llm.start()
 
             tg.start_soon(start_llm, name="llm:start")  # calibration never delays serving
+            tg.start_soon(self._write_stats, name="stats:flush")
             try:
                 await self.pipeline.start(self.context)
                 if self.pipeline.failed:  # a plugin left out takes its tools with it
@@ -225,6 +236,7 @@ class Gateway:
                 with anyio.CancelScope(shield=True):
                     await self.pipeline.stop()
                     await self.llm.aclose()
+                    self._closing.set()  # the stats writer writes what is left and ends
 
     async def shutdown(self, timeout: float = 10.0) -> None:
         """Stop every upstream (their process groups) and the plugins, without waiting on the host."""
@@ -234,6 +246,15 @@ class Gateway:
             for upstream in self.upstreams.values():
                 await upstream.finished.wait()
         await self.pipeline.stop()
+        await anyio.to_thread.run_sync(self.stats.flush)
+
+    async def _write_stats(self) -> None:
+        while not self._closing.is_set():
+            with anyio.move_on_after(FLUSH_SECONDS):
+                await self._closing.wait()
+            if self.stats.pending:
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(self.stats.flush)
 
     async def reconfigure(self, new: Settings, change: Plan) -> None:
         """Apply a reloaded configuration (see `proxy/reload.py`): stop removed and changed servers
@@ -382,10 +403,57 @@ class Gateway:
     async def listed_tools(self, session_id: str) -> list[types.Tool]:
         return await self.pipeline.on_tools_listed(self.visible_tools(session_id), session_id)
 
+    def _record_listing(self, session_id: str, tools: list[types.Tool]) -> None:
+        """A tools/list in the usage figures: the definitions' tokens, and in catalog mode the tokens of
+        the definitions behind the catalog minus its meta-tools'."""
+        key = (self.routing.version, tuple(t.name for t in tools))
+        if key not in self._list_costs:
+            shown = definition_tokens(tools)
+            kept = 0
+            if any(t.name in self.meta_tools for t in tools):
+                names = {t.name for t in tools}
+                hidden = [t for name, t in self.routing.tools.items() if name not in names]
+                meta = [spec.tool for spec in self.meta_tools.values()]
+                kept = max(0, definition_tokens(hidden) - definition_tokens(meta))
+            if len(self._list_costs) > 64:
+                self._list_costs.clear()
+            self._list_costs[key] = (shown, kept)
+        shown, kept = self._list_costs[key]
+        self.stats.record(
+            Row(session_id, "gateway", "tools/list", "list", False, 0, shown, kept, "catalog" if kept else "")
+        )
+
+    def _record_call(self, call: ToolCall, result: types.CallToolResult, reply: types.CallToolResult) -> None:
+        """One call in the usage figures; what the pipeline took off the result counts as kept out."""
+        try:
+            before, after = call.cost_of(result), call.cost_of(reply)
+            upstream = call.server is not None
+            via = "gateway" if not upstream else ("catalog" if call.name in self.meta_tools else "direct")
+            saved = max(0, before.tokens - after.tokens) if reply is not result else 0
+            self.stats.record(
+                Row(
+                    session=call.session_id,
+                    server=call.server or "gateway",
+                    tool=call.tool if upstream else call.name,
+                    via=via,
+                    error=bool(reply.is_error),
+                    result_bytes=before.size if upstream else 0,
+                    tokens_returned=after.tokens,
+                    tokens_saved=saved,
+                    saved_by="offload" if saved else "",
+                    ms=(time.monotonic() - call.started) * 1000,
+                )
+            )
+        except Exception:  # the figures never fail a call
+            log.exception("recording usage of %s failed", call.name)
+
     async def _list_tools(self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
         sid = self._remember_host(ctx)
         await self.wait_ready()
-        tools, cursor = _page(await self.listed_tools(sid), params.cursor if params else None)
+        listed = await self.listed_tools(sid)
+        if not (params and params.cursor):
+            self._record_listing(sid, listed)
+        tools, cursor = _page(listed, params.cursor if params else None)
         return types.ListToolsResult(tools=tools, next_cursor=cursor)
 
     async def _call_tool(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> Any:
@@ -411,6 +479,7 @@ class Gateway:
             )
         try:
             reply = await self.pipeline.on_tool_result(call, result)
+            self._record_call(call, result, reply)
             # long texts still on disk (no plugin took them) go out as text
             return await anyio.to_thread.run_sync(spill.restore, reply) if spill.pending() else reply
         finally:

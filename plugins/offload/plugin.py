@@ -18,7 +18,6 @@ from gateway.args import Args, ToolInputError
 from gateway.handlers import guarded, tool
 from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall
 from gateway.results import error_result
-from gateway.services.costs import result_cost
 from gateway.services.responses import StoreError
 from gateway.services.text import human_size
 from plugins.offload.explore import MODES, Explorer
@@ -120,7 +119,7 @@ class OffloadPlugin(Plugin):
         window = self._ctx().window
         max_size = window.max_response_size(call.server)
         max_tokens = window.max_response_tokens(call.server, call.session_id)
-        cost = result_cost(result)
+        cost = call.cost_of(result)
         if policy == "auto" and cost.size <= max_size and cost.tokens <= max_tokens:
             return result
         responses = self._ctx().responses_for(call.namespace)

@@ -1,0 +1,238 @@
+"""What passed through the gateway and what it kept out of the window, per server and tool.
+
+Every tool call (and every tools/list in catalog mode) becomes one row in `{workspace}/stats.db`
+(SQLite): calls, errors, bytes of the result, tokens returned to the host, tokens kept out of the
+window and by what (`offload`: the result's cost minus the fileRef's; `catalog`: the definitions
+behind the catalog minus its three meta-tools), and latency. Rows are buffered and written every
+few seconds in a worker thread, so a call never waits on the disk. The same figures are kept in
+memory since start, for `/metrics` and for each session's line in `context_status`.
+
+These are the gateway's own figures: it sees only what passes through it, not the host's context.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import sqlite3
+import statistics
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("gateway.stats")
+
+FLUSH_SECONDS = 2.0
+MAX_PENDING = 10_000
+BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)  # seconds, for /metrics
+KEEP_DAYS = 90
+PERIODS = {"day": 86_400.0, "week": 7 * 86_400.0, "all": None}
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS calls (
+    ts REAL NOT NULL,
+    session TEXT NOT NULL,
+    server TEXT NOT NULL,        -- upstream name, or "gateway" for the gateway's own tools
+    tool TEXT NOT NULL,          -- the upstream's own tool name, the gateway tool's name, or "tools/list"
+    via TEXT NOT NULL,           -- direct | catalog (through tool_call) | gateway | list
+    error INTEGER NOT NULL,
+    result_bytes INTEGER NOT NULL,
+    tokens_returned INTEGER NOT NULL,
+    tokens_saved INTEGER NOT NULL,
+    saved_by TEXT NOT NULL,      -- offload | catalog | ""
+    ms REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS calls_ts ON calls(ts);
+"""
+COLUMNS = (
+    "ts",
+    "session",
+    "server",
+    "tool",
+    "via",
+    "error",
+    "result_bytes",
+    "tokens_returned",
+    "tokens_saved",
+    "saved_by",
+    "ms",
+)
+
+
+@dataclass(frozen=True)
+class Row:
+    session: str
+    server: str
+    tool: str
+    via: str
+    error: bool
+    result_bytes: int
+    tokens_returned: int
+    tokens_saved: int = 0
+    saved_by: str = ""
+    ms: float = 0.0
+    ts: float = field(default_factory=time.time)
+
+    def values(self) -> tuple[Any, ...]:
+        return tuple(int(v) if isinstance(v, bool) else v for v in (getattr(self, c) for c in COLUMNS))
+
+
+@dataclass
+class Totals:
+    calls: int = 0
+    errors: int = 0
+    result_bytes: int = 0
+    tokens_returned: int = 0
+    saved: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # by what kept them out
+    seconds: float = 0.0
+
+    def add(self, row: Row) -> None:
+        if row.via != "list":
+            self.calls += 1
+            self.errors += row.error
+            self.result_bytes += row.result_bytes
+            self.seconds += row.ms / 1000
+        self.tokens_returned += row.tokens_returned
+        if row.tokens_saved:
+            self.saved[row.saved_by] += row.tokens_saved
+
+
+def damaged(exc: sqlite3.DatabaseError) -> bool:
+    return "not a database" in str(exc) or "malformed" in str(exc)
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    db = sqlite3.connect(path, timeout=5.0)
+    db.execute("PRAGMA journal_mode=WAL")  # several gateways (one per host) may share a workspace
+    db.execute("PRAGMA synchronous=NORMAL")
+    db.executescript(SCHEMA)
+    return db
+
+
+class Stats:
+    """The recorder: `record` is cheap (memory); `flush` writes the buffered rows (call it off the loop)."""
+
+    def __init__(self, workspace: Path):
+        self.path = workspace / "stats.db"
+        self.pending: list[Row] = []
+        self.by_key: dict[tuple[str, str, str], Totals] = defaultdict(Totals)  # (server, tool, via), since start
+        self.by_session: dict[str, Totals] = defaultdict(Totals)
+        self.latency: dict[str, list[int]] = {}  # server -> calls per bucket of BUCKETS (and one above)
+        self.failing = ""  # why the last write failed (the figures in memory still count)
+
+    def record(self, row: Row) -> None:
+        self.by_key[(row.server, row.tool, row.via)].add(row)
+        self.by_session[row.session].add(row)
+        if row.via != "list":
+            counts = self.latency.setdefault(row.server, [0] * (len(BUCKETS) + 1))
+            counts[bisect.bisect_left(BUCKETS, row.ms / 1000)] += 1
+        if len(self.pending) < MAX_PENDING:  # a disk that refuses for long loses rows, never memory
+            self.pending.append(row)
+
+    def flush(self) -> None:
+        rows, self.pending = self.pending, []
+        if not rows:
+            return
+        try:
+            try:
+                self._write(rows)
+            except sqlite3.DatabaseError as exc:
+                if not damaged(exc):
+                    raise
+                aside = self.path.with_name(self.path.name + ".damaged")
+                log.warning("%s is damaged (%s): moved to %s, a new one is started", self.path, exc, aside)
+                self.path.replace(aside)
+                self._write(rows)
+        except (OSError, sqlite3.Error) as exc:  # a full disk or a damaged file: these rows are lost
+            if not self.failing:
+                log.warning("usage figures cannot be written to %s (%s); `stats` will miss them", self.path, exc)
+            self.failing = str(exc)
+        else:
+            if self.failing:
+                log.warning("usage figures are written to %s again", self.path)
+            self.failing = ""
+
+    def _write(self, rows: list[Row]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        db = connect(self.path)
+        try:
+            with db:
+                db.executemany(f"INSERT INTO calls VALUES ({','.join('?' * len(COLUMNS))})", [r.values() for r in rows])
+                db.execute("DELETE FROM calls WHERE ts < ?", (time.time() - KEEP_DAYS * 86_400,))
+        finally:
+            db.close()
+
+    def session_line(self, session_id: str) -> str:
+        """One line for `context_status`: this connection's figures since the gateway started."""
+        t = self.by_session.get(session_id)
+        if t is None or not (t.calls or t.saved):
+            return "no calls through the gateway yet in this session"
+        kept = sum(t.saved.values())
+        how = ", ".join(f"{n:,} by {what}" for what, n in sorted(t.saved.items()) if n)
+        line = f"{t.calls} calls, ~{t.tokens_returned:,} tokens returned to you, ~{kept:,} kept out of the window"
+        return line + (f" ({how})" if how else "")
+
+
+def summary(path: Path, period: str = "all", now: float | None = None) -> dict[str, Any]:
+    """Figures per server and tool for `day`, `week` or `all`, and totals per period, from `stats.db`."""
+    if not path.is_file():
+        return {"period": period, "totals": {p: _empty() for p in PERIODS}, "rows": []}
+    now = time.time() if now is None else now
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
+    try:
+        totals = {}
+        for name, span in PERIODS.items():
+            since = now - span if span else 0.0
+            (calls, errors, returned, saved) = db.execute(
+                "SELECT COUNT(*) FILTER (WHERE via != 'list'), COALESCE(SUM(error), 0), "
+                "COALESCE(SUM(tokens_returned), 0), COALESCE(SUM(tokens_saved), 0) FROM calls WHERE ts >= ?",
+                (since,),
+            ).fetchone()
+            totals[name] = {"calls": calls, "errors": errors, "tokens_returned": returned, "tokens_saved": saved}
+        span = PERIODS[period]
+        since = now - span if span else 0.0
+        groups: dict[tuple[str, str, str], dict[str, Any]] = {}
+        latencies: dict[tuple[str, str, str], list[float]] = defaultdict(list)
+        for server, tool, via, error, size, returned, saved, saved_by, ms in db.execute(
+            "SELECT server, tool, via, error, result_bytes, tokens_returned, tokens_saved, saved_by, ms "
+            "FROM calls WHERE ts >= ? ORDER BY server, tool",
+            (since,),
+        ):
+            key = (server, tool, "catalog" if via == "list" else via)
+            g = groups.setdefault(
+                key,
+                {
+                    "server": server,
+                    "tool": tool,
+                    "via": key[2],
+                    "calls": 0,
+                    "errors": 0,
+                    "result_bytes": 0,
+                    "tokens_returned": 0,
+                    "tokens_saved": 0,
+                    "saved_by": {},
+                },
+            )
+            if via != "list":
+                g["calls"] += 1
+                latencies[key].append(ms)
+            g["errors"] += error
+            g["result_bytes"] += size
+            g["tokens_returned"] += returned
+            g["tokens_saved"] += saved
+            if saved:
+                g["saved_by"][saved_by] = g["saved_by"].get(saved_by, 0) + saved
+        rows = []
+        for key, g in groups.items():
+            ms_values = latencies.get(key) or []
+            g["p50_ms"] = round(statistics.median(ms_values), 1) if ms_values else None
+            g["max_ms"] = round(max(ms_values), 1) if ms_values else None
+            rows.append(g)
+        return {"period": period, "totals": totals, "rows": rows}
+    finally:
+        db.close()
+
+
+def _empty() -> dict[str, int]:
+    return {"calls": 0, "errors": 0, "tokens_returned": 0, "tokens_saved": 0}

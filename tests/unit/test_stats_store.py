@@ -1,0 +1,63 @@
+"""gateway.services.stats: rows buffered and written, periods, a damaged or unwritable file."""
+
+import logging
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from gateway.services.stats import Row, Stats, summary
+
+
+def row(**kw: object) -> Row:
+    base = {"session": "s", "server": "fs", "tool": "read", "via": "direct", "error": False}
+    return Row(**(base | {"result_bytes": 100, "tokens_returned": 30} | kw))  # type: ignore[arg-type]
+
+
+def test_periods_and_groups(tmp_path: Path) -> None:
+    stats = Stats(tmp_path)
+    now = time.time()
+    stats.record(row(ts=now - 3 * 86_400, ms=10.0))  # within the week, not the day
+    stats.record(row(ts=now - 60, ms=30.0, tokens_saved=500, saved_by="offload"))
+    stats.record(row(ts=now - 60, via="list", server="gateway", tool="tools/list", tokens_saved=90, saved_by="catalog"))
+    stats.flush()
+    assert not stats.pending
+    day = summary(tmp_path / "stats.db", "day", now)
+    assert day["totals"]["day"] == {"calls": 1, "errors": 0, "tokens_returned": 60, "tokens_saved": 590}
+    assert day["totals"]["week"]["calls"] == 2
+    rows = {r["tool"]: r for r in summary(tmp_path / "stats.db", "week", now)["rows"]}
+    assert rows["read"]["calls"] == 2 and rows["read"]["p50_ms"] == 20.0 and rows["read"]["max_ms"] == 30.0
+    assert rows["tools/list"]["calls"] == 0 and rows["tools/list"]["saved_by"] == {"catalog": 90}
+
+
+def test_session_line() -> None:
+    stats = Stats(Path("/nonexistent"))
+    assert "no calls" in stats.session_line("s")
+    stats.record(row(tokens_saved=12_000, saved_by="offload"))
+    assert (
+        stats.session_line("s")
+        == "1 calls, ~30 tokens returned to you, ~12,000 kept out of the window (12,000 by offload)"
+    )
+
+
+def test_a_damaged_file_is_moved_aside(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "stats.db").write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(sqlite3.DatabaseError):
+        summary(tmp_path / "stats.db")
+    stats = Stats(tmp_path)
+    stats.record(row())
+    with caplog.at_level(logging.WARNING):
+        stats.flush()
+    assert "is damaged" in caplog.text and (tmp_path / "stats.db.damaged").is_file()
+    assert summary(tmp_path / "stats.db")["totals"]["all"]["calls"] == 1
+
+
+def test_an_unwritable_workspace_loses_rows_not_calls(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "file").write_text("")
+    stats = Stats(tmp_path / "file" / "ws")  # a folder below a file: it cannot be made
+    stats.record(row())
+    with caplog.at_level(logging.WARNING):
+        stats.flush()
+    assert stats.failing and "cannot be written" in caplog.text and not stats.pending
+    assert stats.by_session["s"].calls == 1  # the figures in memory still count
