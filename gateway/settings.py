@@ -6,10 +6,12 @@ Precedence: command line > environment > file > defaults.
 from __future__ import annotations
 
 import difflib
+import errno
 import json
 import logging
 import os
 import re
+import shutil
 import sys
 import tomllib
 from pathlib import Path
@@ -23,6 +25,17 @@ SERVER_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]|_(?!_))*$")
 MIN_RESPONSE_SIZE = 256
 MAX_RESPONSE_SIZE = 10 * 1024 * 1024
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
+LAUNCHER_HINTS = {
+    "npx": "npx comes with Node.js: install Node.js",
+    "node": "install Node.js",
+    "uvx": "uvx comes with uv: install uv (https://docs.astral.sh/uv/)",
+    "uv": "install uv (https://docs.astral.sh/uv/)",
+    "docker": "install Docker, or start Docker Desktop",
+    "bunx": "install Bun",
+    "deno": "install Deno",
+}
+SCRIPT_RUNNERS = re.compile(r"^(python[0-9.]*|pythonw|py|node|bun|deno|tsx|ts-node)$")
+SCRIPT_SUFFIXES = (".py", ".js", ".mjs", ".cjs", ".ts")
 
 
 class ConfigError(Exception):
@@ -110,6 +123,8 @@ class ServerConfig(BaseModel):
                     "" if folder.is_absolute() else f" (relative to {Path.cwd()}, where the host started the gateway)"
                 )
                 raise ValueError(f"cwd {self.cwd!r} is not a directory{where}: give an absolute path that exists")
+        if (script := _missing_script(self)) is not None:
+            raise ValueError(script)
         if self.max_response_size is not None:
             _check_response_size(self.max_response_size)
         if self.timeout_seconds <= 0 or self.init_timeout_seconds <= 0:
@@ -119,6 +134,26 @@ class ServerConfig(BaseModel):
     @property
     def transport(self) -> str:
         return "stdio" if self.command else "http"
+
+    def command_problem(self) -> str | None:
+        """Why `command` cannot be started from here (not on PATH, not a file), with what to do; or None."""
+        if not self.command:
+            return None
+        cfg = self.expanded()
+        command = cfg.command
+        search = cfg.env.get("PATH") or os.environ.get("PATH", "")
+        if os.sep in command or (os.altsep and os.altsep in command):
+            found: str | None = command if os.path.isfile(os.path.expanduser(command)) else None
+        else:
+            found = shutil.which(command, path=search)
+        if found:
+            return None
+        base = os.path.basename(command).lower().removesuffix(".exe").removesuffix(".cmd")
+        hint = LAUNCHER_HINTS.get(base, "install it, or give its absolute path")
+        return (
+            f"command not found: {command} ({hint}; hosts start the gateway with their own PATH, so an absolute "
+            "path is safest)"
+        )
 
     def expanded(self) -> ServerConfig:
         """A copy with `${VAR}` expanded in command, args, env, cwd, url and headers."""
@@ -132,6 +167,46 @@ class ServerConfig(BaseModel):
                 "headers": {k: expand_vars(v) for k, v in self.headers.items()},
             }
         )
+
+
+def _missing_script(cfg: ServerConfig) -> str | None:
+    """`python server.py` / `node build/index.js` with a relative script that does not exist: hosts start
+    the gateway in a folder of their own, so relative paths rarely point where the user meant."""
+    base = os.path.basename(cfg.command).lower().removesuffix(".exe")
+    if not SCRIPT_RUNNERS.match(base):
+        return None
+    script = next((a for a in cfg.args if not a.startswith("-")), "")
+    if not script.endswith(SCRIPT_SUFFIXES) or "${" in script or os.path.isabs(os.path.expanduser(script)):
+        return None
+    folder = Path(os.path.expanduser(cfg.cwd)) if cfg.cwd else Path.cwd()
+    if (folder / script).is_file():
+        return None
+    which = "the server's cwd" if cfg.cwd else "the folder the gateway was started in"
+    return f"args: the script {script!r} does not exist relative to {folder} ({which}): give its absolute path"
+
+
+def check_port(settings: Settings) -> None:
+    """The HTTP front's port can be bound (nothing else listens there); else a one-line ConfigError."""
+    import socket
+
+    cfg = settings.gateway
+    if cfg.transport != "http":
+        return
+    family = socket.AF_INET6 if ":" in cfg.host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            if sys.platform != "win32":  # as uvicorn binds: a port in TIME_WAIT is free
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((cfg.host, cfg.port))
+    except OSError as exc:
+        if exc.errno in (errno.EADDRINUSE, getattr(errno, "WSAEADDRINUSE", -1)):
+            raise ConfigError(
+                f"port {cfg.port} on {cfg.host} is already in use (another gateway, or another program): "
+                "choose another with --port or [gateway] port"
+            ) from None
+        raise ConfigError(
+            f"cannot listen on {cfg.host}:{cfg.port} ({exc.strerror or exc}): check [gateway] host"
+        ) from None
 
 
 def check_workspace(settings: Settings) -> None:
@@ -159,21 +234,42 @@ def _check_response_size(value: int) -> int:
 
 class GatewaySettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    workspace: Path = Field(default_factory=default_workspace)
-    budget: int = Field(0, ge=0)
-    context_window: int = Field(0, ge=0)
-    max_response_size: int = 1048576
-    max_response_tokens: int = Field(0, ge=0)
-    separator: str = "__"
-    plugins: list[str] | None = None  # None = every installed plugin; a list = exactly these, in this order
-    disabled_plugins: list[str] = Field(default_factory=list)
-    tool_mode: Literal["direct", "catalog", "auto"] = "direct"
-    transport: Literal["stdio", "http"] = "stdio"
-    host: str = "127.0.0.1"
-    port: int = Field(8808, ge=1, le=65535)
-    auth_token: str = ""
-    allowed_origins: list[str] = Field(default_factory=list)  # browser origins beyond loopback (HTTP front)
-    freeze_definitions: bool = False  # serve each tool's first definition; refuse calls to one that changed
+    # each description is the help of its command-line flag (and of its CTX_* variable)
+    workspace: Path = Field(
+        default_factory=default_workspace,
+        description="folder for offloaded results, notes, indexes and logs (absolute path)",
+    )
+    budget: int = Field(0, ge=0, description="token budget for notes and results; 0 = half the window, else 4000")
+    context_window: int = Field(
+        0, ge=0, description="the model's context window in tokens; 0 = from the host, the endpoint or unknown"
+    )
+    max_response_size: int = Field(1048576, description="results above this many bytes go to a file")
+    max_response_tokens: int = Field(
+        0, ge=0, description="results above this many tokens go to a file; 0 = half the budget (4000 if unknown)"
+    )
+    separator: str = Field("__", description="between server and tool name in the names hosts see")
+    plugins: list[str] | None = Field(None, description="exactly these plugins, in this order; default: all installed")
+    disabled_plugins: list[str] = Field(default_factory=list, description="plugins to leave out")
+    tool_mode: Literal["direct", "catalog", "auto"] = Field(
+        "direct", description="list every tool (direct), three search tools (catalog), or decide by size (auto)"
+    )
+    transport: Literal["stdio", "http"] = Field("stdio", description="how hosts reach the gateway")
+    host: str = Field("127.0.0.1", description="address the HTTP front binds")
+    port: int = Field(8808, description="port of the HTTP front")
+    auth_token: str = Field("", description="bearer token every HTTP request must carry (needed off loopback)")
+    allowed_origins: list[str] = Field(
+        default_factory=list, description="browser origins allowed beyond loopback (HTTP front)"
+    )
+    freeze_definitions: bool = Field(
+        False, description="serve each tool's first definition; refuse calls to one that changed"
+    )
+
+    @field_validator("port")
+    @classmethod
+    def _port_range(cls, value: int) -> int:
+        if not 1 <= value <= 65535:
+            raise ValueError(f"port {value} is out of range: give a port between 1 and 65535 (default 8808)")
+        return value
 
     @field_validator("workspace", mode="before")
     @classmethod
@@ -281,10 +377,12 @@ class HostSettings(BaseModel):
 
 class LLMSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    base_url: str = "http://localhost:1234/v1"
-    model: str = ""
-    api_key: str = ""
-    timeout_seconds: float = 120
+    base_url: str = Field(
+        "http://localhost:1234/v1", description="your OpenAI-compatible endpoint (summaries, window, token counts)"
+    )
+    model: str = Field("", description="model name at the endpoint; empty = the one it has loaded")
+    api_key: str = Field("", description="API key for the endpoint, if it needs one")
+    timeout_seconds: float = Field(120, description="longest wait for the endpoint")
 
 
 # Flat environment/CLI names -> where they go. `CTX_BUDGET` and `--budget` set gateway.budget.
@@ -297,6 +395,10 @@ PLUGIN_FLAT_KEYS: dict[str, tuple[tuple[str, ...], type]] = {
     "ingest_roots": (("plugins", "documents", "ingest_roots"), list),
     "ingest_root": (("plugins", "documents", "ingest_roots"), list),
     "response_ttl_hours": (("plugins", "offload", "response_ttl_hours"), float),
+}
+PLUGIN_FLAT_HELP = {
+    "ingest_root": "doc_ingest may read files below DIR (repeatable; default: none)",
+    "response_ttl_hours": "offloaded results older than this are removed at start (default 48)",
 }
 FLAT_KEYS |= {flat: where for flat, (where, _) in PLUGIN_FLAT_KEYS.items()}
 # `[gateway]` keys that moved to a plugin's table: still read, with one deprecation line.
@@ -370,7 +472,30 @@ def read_config_file(path: Path) -> dict[str, Any]:
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+        raise ConfigError(f"{path} is not valid TOML: {exc}{toml_hint(text, str(exc))}") from None
+
+
+_TOML_AT = re.compile(r"at line (\d+), column (\d+)")
+_TOML_BARE = re.compile(r"^\s*([A-Za-z0-9_.-]+)\s*=\s*(.+?)\s*$")
+
+
+def toml_hint(text: str, error: str) -> str:
+    """What a TOML error most likely means, for the two mistakes people make: a string value without
+    quotes (`command = npx`) and a Windows path with backslashes in double quotes."""
+    at = _TOML_AT.search(error)
+    if not at:
+        return ""
+    lines = text.splitlines()
+    number = int(at.group(1))
+    line = lines[number - 1] if 0 < number <= len(lines) else ""
+    if "escape" in error.lower() or ("\\" in line and '"' in line):
+        return " (a Windows path in double quotes needs \\\\ for each \\; write it in 'single quotes' or with /)"
+    bare = _TOML_BARE.match(line)
+    if bare and not bare.group(2).startswith(('"', "'", "[", "{")):
+        key, value = bare.groups()
+        quoted = f"'{value}'" if "\\" in value else json.dumps(value, ensure_ascii=False)
+        return f" (a text value needs quotes: {key} = {quoted})"
+    return ""
 
 
 def servers_from_mcp_json(data: dict[str, Any]) -> dict[str, dict[str, Any]]:

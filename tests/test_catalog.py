@@ -144,7 +144,7 @@ async def test_auto_mode_decides_by_the_window(tmp_path: Path) -> None:
         assert "big__extra_59" in names and "tool_search" not in names
     cfg = write_config(tmp_path, servers, plugins=[], tool_mode="auto", context_window=8000)
     out = run_cli("inspect", "--config", str(cfg))
-    assert "tool mode catalog; auto:" in out.stdout and "direct mode would list 75 tools" in out.stdout
+    assert "(tool mode catalog: auto:" in out.stdout and "in direct mode it would receive 75 tools" in out.stdout
 
 
 async def test_per_server_override_in_direct_mode(tmp_path: Path) -> None:

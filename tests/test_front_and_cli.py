@@ -117,8 +117,11 @@ def test_inspect_prints_table_and_fails_on_a_broken_server(tmp_path: Path) -> No
     out = run_cli("inspect", "--config", str(cfg))
     assert out.returncode == 1, out.stderr
     rows = {line.split()[0]: line for line in out.stdout.splitlines() if line.strip()}
-    assert "ok" in rows["good"] and " 15 " in rows["good"]
-    assert "failed" in rows["broken"] and "failing at start on purpose" in rows["broken"]
+    assert rows["good"].split()[2:4] == ["ok", "15"]
+    assert rows["broken"].split()[2] == "failed"  # short state in the table, the reason below it
+    below = " ".join(out.stdout.split())  # long reasons are wrapped below the table
+    assert "broken: failed: " in below and "failing at start on purpose" in below
+    assert "Traceback" not in out.stderr and "restarting in" not in out.stderr
     cfg_ok = write_config(tmp_path, {"good": probe("good")})
     ok = run_cli("inspect", "--config", str(cfg_ok))
     assert ok.returncode == 0, ok.stdout + ok.stderr
@@ -129,6 +132,8 @@ def test_mcp_json_config_and_import(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         "mcpServers": {
             "my probe": {"command": PY, "args": probe("x")["args"], "env": {"A": "1"}},
             "remote": {"url": "http://127.0.0.1:9/mcp", "headers": {"Authorization": "Bearer ${TOKEN}"}},
+            "old-sse": {"type": "sse", "url": "http://127.0.0.1:9/sse"},
+            "needs-npx": {"command": "npx-not-installed", "args": ["-y", "some-server"]},
         }
     }
     path = tmp_path / "mcp.json"
@@ -137,16 +142,34 @@ def test_mcp_json_config_and_import(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert out.returncode == 0, out.stderr
     assert "[servers.my-probe]" in out.stdout and "[servers.remote]" in out.stdout
     assert '"Bearer ${TOKEN}"' in out.stdout
+    assert "[gateway]\n" in out.stdout and "# context_window = " in out.stdout and "# tool_mode = " in out.stdout
+    assert "# ingest_roots = " in out.stdout
+    warnings = out.stderr.splitlines()
+    assert any("'my probe' is named 'my-probe'" in w for w in warnings)
+    assert any("'old-sse' uses the SSE transport" in w for w in warnings)
+    assert any("'needs-npx': command not found: npx-not-installed" in w for w in warnings)
+    assert len(warnings) == 3
     # the TOML it prints is a working config, and the mcp.json itself works as --config
     import tomllib
 
-    assert tomllib.loads(out.stdout)["servers"]["my-probe"]["env"] == {"A": "1"}
+    converted = tomllib.loads(out.stdout)
+    assert converted["servers"]["my-probe"]["env"] == {"A": "1"}
+    assert converted["servers"]["old-sse"]["enabled"] is False
+    toml_path = tmp_path / "gateway.toml"
+    toml_path.write_text(out.stdout)
+    assert load_settings_ok(toml_path)
     from gateway.settings import load_settings
 
     monkeypatch.setenv("TOKEN", "x")  # ${VAR} is expanded from the gateway's environment when connecting
     settings = load_settings(path, environ={})
     assert settings.servers["my-probe"].command == PY
     assert settings.servers["remote"].expanded().headers["Authorization"] == "Bearer x"
+
+
+def load_settings_ok(path: Path) -> bool:
+    from gateway.settings import load_settings
+
+    return bool(load_settings(path, environ={}).servers)
 
 
 def test_bad_config_is_a_clear_message(tmp_path: Path) -> None:

@@ -286,7 +286,7 @@ async def test_damaged_index_files_are_moved_aside_and_the_gateway_serves(tmp_pa
         assert "redis_cache_v2" in recalled["matches"][0]["text"]  # rebuilt from the log
         listed = await ok(s, "doc_list")
         assert listed["documents"] == [] and "ingested again" in listed["note"]
-        assert "damaged" in gateway.pipeline.status("stdio")["documents"]["index"]
+        assert "damaged" in gateway.pipeline.status("stdio")["documents"]["warning"]
     assert list((tmp_path / "ws" / "sessions").glob("index.sqlite.damaged-*"))
 
 

@@ -1,9 +1,10 @@
-"""Command line: serve · inspect · demo · clean · hook · import. Each command lives in its own module
+"""Command line: serve · inspect · demo · stats · clean · hook · import. Each command lives in its own module
 here and is imported only when it runs (start-up is part of every host's wait)."""
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import sys
 import warnings
@@ -12,6 +13,7 @@ from typing import Any, get_args, get_origin
 
 from gateway.settings import (
     FLAT_KEYS,
+    PLUGIN_FLAT_HELP,
     PLUGIN_FLAT_KEYS,
     ConfigError,
     GatewaySettings,
@@ -24,21 +26,39 @@ log = logging.getLogger("gateway")
 COMMANDS = ("serve", "inspect", "demo", "stats", "clean", "hook", "import")
 
 
-def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("settings (override the file and CTX_* variables)")
+def _default_text(section: str, key: str) -> str:
+    field = {"gateway": GatewaySettings, "llm": LLMSettings}[section].model_fields[key]
+    value = field.get_default(call_default_factory=True)
+    if value is None:
+        return "all installed" if key == "plugins" else "none"
+    if value in ("", []):
+        return "empty"
+    return str(value)
+
+
+def _add_setting_flags(parser: argparse.ArgumentParser, only: tuple[str, ...] | None = None) -> None:
+    group = parser.add_argument_group("settings (override the config file and CTX_* variables)")
     models = {"gateway": GatewaySettings, "llm": LLMSettings}
     for flat, where in FLAT_KEYS.items():
-        if flat == "ingest_roots":
+        if flat == "ingest_roots" or (only is not None and flat not in only):
             continue
-        section, key = ".".join(where[:-1]), where[-1]
-        kwargs: dict[str, Any] = {"dest": flat, "default": None, "help": f"[{section}] {key}"}
-        if flat == "ingest_root":
-            kwargs |= {"action": "append", "metavar": "DIR", "help": "doc_ingest may read below DIR (repeatable)"}
-            group.add_argument("--ingest-root", **kwargs)
+        env = f"CTX_{flat.upper()}"
+        if flat in PLUGIN_FLAT_KEYS:
+            kwargs: dict[str, Any] = {"dest": flat, "default": None, "help": f"{PLUGIN_FLAT_HELP[flat]}; {env}"}
+            if flat == "ingest_root":
+                kwargs |= {"action": "append", "metavar": "DIR", "help": f"{PLUGIN_FLAT_HELP[flat]}; CTX_INGEST_ROOTS"}
+            else:
+                kwargs |= {"type": PLUGIN_FLAT_KEYS[flat][1]}
+            group.add_argument("--" + flat.replace("_", "-"), **kwargs)
             continue
-        annotation = (
-            PLUGIN_FLAT_KEYS[flat][1] if flat in PLUGIN_FLAT_KEYS else models[section].model_fields[key].annotation
-        )
+        section, key = where[0], where[-1]
+        field = models[section].model_fields[key]
+        kwargs = {
+            "dest": flat,
+            "default": None,
+            "help": f"{field.description} (default {_default_text(section, key)}; [{section}] {key}, {env})",
+        }
+        annotation = field.annotation
         if get_args(annotation) and type(None) in get_args(annotation):  # `list[str] | None`
             annotation = next(a for a in get_args(annotation) if a is not type(None))
         if get_origin(annotation) is list:
@@ -46,27 +66,58 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
         elif get_args(annotation) and all(isinstance(a, str) for a in get_args(annotation)):
             kwargs |= {"choices": list(get_args(annotation))}
         elif annotation in (int, float):
-            kwargs |= {"type": annotation}
+            kwargs |= {"type": annotation, "metavar": "N"}
+        elif annotation is bool:
+            kwargs |= {"type": _boolean, "metavar": "true|false"}
         group.add_argument("--" + flat.replace("_", "-"), **kwargs)
+
+
+def _boolean(value: str) -> bool:
+    if value.lower() in ("1", "true", "yes", "on"):
+        return True
+    if value.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"{value!r} is not true or false")
+
+
+EPILOG = """\
+Without a command it runs `serve`, which is what a host starts:
+  mcp-context-gateway --config /absolute/path/gateway.toml
+Try it first:
+  mcp-context-gateway demo --config config.example.toml
+  mcp-context-gateway inspect --config /absolute/path/gateway.toml
+  npx @modelcontextprotocol/inspector mcp-context-gateway --config /absolute/path/gateway.toml
+Each command has its own --help. --config also reads a host's mcp.json; CTX_CONFIG sets it too."""
+
+# which settings each command reads: the others would be accepted and ignored
+COMMAND_SETTINGS: dict[str, tuple[str, ...] | None] = {
+    "serve": None,  # all
+    "inspect": None,
+    "demo": ("workspace",),
+    "stats": ("workspace",),
+    "clean": ("workspace",),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mcp-context-gateway",
         description="One MCP entry that fronts many MCP servers and keeps oversized results out of the context.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     from gateway import __version__
 
     parser.add_argument("--version", action="version", version=f"mcp-context-gateway {__version__}")
-    sub = parser.add_subparsers(dest="command")
+    sub = parser.add_subparsers(dest="command", metavar="command")
     specs = {
-        "serve": "run the gateway for a host (stdio unless --transport http)",
-        "inspect": "start every upstream and print a table; non-zero exit if one fails",
-        "demo": "start the gateway as a host would, call a tool with an oversized result, print what happened",
-        "stats": "what passed through the gateway and the tokens it kept out of the window, per server and tool",
+        "serve": "run the gateway for a host (the default; stdio unless --transport http)",
+        "inspect": "start every server once and print what the host would receive (exit 1: a server failed)",
+        "demo": "run the gateway as a host would and show an oversized result offloaded",
+        "stats": "what passed through the gateway and the tokens it kept out of the window",
         "clean": "remove every offloaded response file",
         "hook": "PostToolUse / AfterTool hook for Claude Code and Gemini CLI",
-        "import": "print the TOML equivalent of a host mcp.json",
+        "import": "print a gateway TOML equivalent to a host's mcp.json",
     }
     for name, help_text in specs.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -77,13 +128,13 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--statusline", action="store_true", help="write the bridge file from statusline JSON")
             continue
         if name == "stats":
-            p.add_argument(
-                "--period", choices=["day", "week", "all"], default="all", help="rows for this period (default all)"
-            )
+            p.add_argument("--period", choices=["day", "week", "all"], default="all", help="rows for this period")
             p.add_argument("--json", action="store_true", help="print the figures as JSON")
-        p.add_argument("--config", "-c", help="gateway TOML or host mcp.json (absolute path); env CTX_CONFIG")
+        p.add_argument(
+            "--config", "-c", help="gateway TOML or host mcp.json, absolute path (default: none; CTX_CONFIG)"
+        )
         p.add_argument("--verbose", "-v", action="store_true", help="log at INFO level to stderr")
-        _add_setting_flags(p)
+        _add_setting_flags(p, COMMAND_SETTINGS[name])
     return parser
 
 
@@ -94,6 +145,14 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:
+        close = difflib.get_close_matches(argv[0], COMMANDS, n=1)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        print(
+            f"mcp-context-gateway: unknown command '{argv[0]}' ({hint}commands: {', '.join(COMMANDS)}; see --help)",
+            file=sys.stderr,
+        )
+        return 2
     if not argv or argv[0] not in (*COMMANDS, "-h", "--help", "--version"):
         argv.insert(0, "serve")
     args = build_parser().parse_args(argv)
@@ -117,10 +176,16 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_hook(statusline_mode=args.statusline)
         settings = _settings(args)
+        if args.command == "demo" and args.workspace is None:  # never the user's real sessions
+            import tempfile
+
+            settings.gateway.workspace = Path(tempfile.mkdtemp(prefix="mcp-context-gateway-demo-"))
         if args.command in ("serve", "inspect", "demo"):
-            from gateway.settings import check_workspace
+            from gateway.settings import check_port, check_workspace
 
             check_workspace(settings)
+            if args.command == "serve":
+                check_port(settings)
         if args.command == "inspect":
             from gateway.cli.inspect import cmd_inspect
 

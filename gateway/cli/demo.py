@@ -78,7 +78,11 @@ async def run_demo(settings: Settings) -> int:
                 print("  (the demo calls need the [servers.demo] entry from config.example.toml)")
                 return 0 if not missing else 1
             await _demo_calls(session, sep)
-    print(f"  workspace: {settings.gateway.workspace}")
+    where = settings.gateway.workspace
+    temporary = where.name.startswith("mcp-context-gateway-demo-")
+    print(
+        f"  workspace: {where}" + (" (a temporary folder; --workspace DIR uses one of your own)" if temporary else "")
+    )
     return 0
 
 
@@ -126,6 +130,8 @@ async def _demo_calls(session: ClientSession, sep: str) -> None:
         )
         status = (await _call(session, "context_status", {"session_id": "demo"})).structured_content or {}
         monitor = (status.get("gateway") or {}).get("monitor")
+        if usage := (status.get("gateway") or {}).get("usage"):
+            print(f"  this session so far: {usage}")
         if monitor and monitor.get("window"):
             print(
                 f"  context estimate (tool traffic only): ~{monitor['used_tokens']} of {monitor['window']} tokens, "

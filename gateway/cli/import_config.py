@@ -1,18 +1,79 @@
-"""`import`: a host `mcp.json` in, the equivalent `[servers.*]` TOML out."""
+"""`import`: a host `mcp.json` in, a working gateway TOML out (on stdout); what needs a look on stderr."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
 
-from gateway.settings import read_config_file, to_toml
+from pydantic import ValidationError
+
+from gateway.settings import ServerConfig, format_validation_error, read_config_file, strip_jsonc, to_toml
+
+HEADER = """\
+# mcp-context-gateway configuration, converted from {path}
+# In your host's config, replace those servers by one entry (absolute paths; on Windows use / or \\\\):
+#   "context-gateway": {{"command": "mcp-context-gateway", "args": ["--config", "/absolute/path/gateway.toml"]}}
+# Check it with: mcp-context-gateway inspect --config /absolute/path/gateway.toml
+# The gateway reloads this file when you save it.
+
+[gateway]
+# The model's context window in tokens; 0 = learn it from the host or your model endpoint ([llm]).
+# Set it for a local model (LM Studio, Ollama, llama.cpp):
+# context_window = 16384
+# Many servers? catalog lists three search tools instead of every definition; auto decides by size.
+# tool_mode = "auto"
+# workspace = "~/.local/share/mcp-context-gateway"
+
+# [llm]
+# base_url = "http://localhost:1234/v1"   # your OpenAI-compatible endpoint: window discovery, summaries
+
+# Folders doc_ingest may read documents from (absolute paths):
+# [plugins.documents]
+# ingest_roots = ["/home/me/notes"]
+
+"""
+
+
+def _warnings(raw: dict[str, Any], servers: dict[str, dict[str, Any]]) -> list[str]:
+    entries = raw.get("mcpServers", raw.get("servers")) or {}
+    out = []
+    for (raw_name, entry), (name, table) in zip(entries.items(), servers.items(), strict=True):
+        if raw_name != name:
+            out.append(
+                f"server {raw_name!r} is named {name!r} here (letters, digits, '-' and single '_'): its tools are "
+                f"shown as {name}__<tool>"
+            )
+        kind = str(entry.get("type") or entry.get("transport") or "").lower()
+        url = table.get("url", "")
+        if kind == "sse" or (url and urlparse(url).path.rstrip("/").endswith("/sse")):
+            table["enabled"] = False
+            out.append(
+                f"server {name!r} uses the SSE transport, which the gateway does not support: it is written with "
+                "enabled = false; give its Streamable HTTP URL (often ending in /mcp), or run it over stdio"
+            )
+            continue
+        try:
+            cfg = ServerConfig.model_validate(table)
+        except ValidationError as exc:
+            detail = format_validation_error(exc, None).splitlines()[1:]
+            out.append(f"server {name!r}: " + "; ".join(line.strip() for line in detail))
+            continue
+        if problem := cfg.command_problem():
+            out.append(f"server {name!r}: {problem}")
+    return out
 
 
 def cmd_import(path: Path) -> int:
     if path.suffix.lower() != ".json":
-        print(f"mcp-context-gateway: {path} is not a .json file", file=sys.stderr)
+        print(f"mcp-context-gateway: {path} is not a .json file (import reads a host's mcp.json)", file=sys.stderr)
         return 2
-    data = read_config_file(path)
-    print("# converted from", path)
-    print(to_toml(data["servers"]))
+    servers = read_config_file(path)["servers"]
+    raw = json.loads(strip_jsonc(path.read_text(encoding="utf-8")))
+    warnings = _warnings(raw, servers)
+    print(HEADER.format(path=path.resolve()) + to_toml(servers), end="")
+    for line in warnings:
+        print(f"mcp-context-gateway import: {line}", file=sys.stderr)
     return 0

@@ -1,6 +1,13 @@
-"""`inspect`: start every upstream, report state and what the host would receive."""
+"""`inspect`: start every upstream, report state and what the host would receive.
+
+Exit status: 0 every server is up; 1 a server failed to start (or a tool was left out); 2 the setup is
+wrong (a command not on PATH), as for a config error.
+"""
 
 from __future__ import annotations
+
+import logging
+import textwrap
 
 import anyio
 
@@ -9,63 +16,90 @@ from gateway.proxy.server import Gateway
 from gateway.services.costs import definition_tokens
 from gateway.settings import Settings
 
+WIDTH = 100
 
-async def inspect_report(settings: Settings) -> tuple[str, bool]:
+
+async def _listing(gateway: Gateway, mode: str) -> list:
+    """What the host is shown in one tool mode, counted the same way for both modes."""
+    saved = gateway.settings.gateway.tool_mode
+    gateway.settings.gateway.tool_mode = mode  # type: ignore[assignment]
+    try:
+        return await gateway.listed_tools("inspect")
+    finally:
+        gateway.settings.gateway.tool_mode = saved
+
+
+async def inspect_report(settings: Settings) -> tuple[str, int]:
     gateway = Gateway(settings)
+    status = 0
     async with gateway.running():
         await gateway.wait_ready()
         with anyio.move_on_after(settings.llm.timeout_seconds):
             await gateway.llm.started.wait()
         by_server = gateway.routing.definitions_by_server()
-        rows = [["server", "transport", "state", "tools", "def. tokens"]]
-        ok = True
+        rows = [["server", "transport", "state", "tools", "definitions"]]
+        problems: list[str] = []
         for name, up in gateway.upstreams.items():
-            state = up.state if up.state == "ok" else f"{up.state}: {up.error or 'no answer yet'}"
-            ok = ok and up.state == "ok"
-            rows.append([name, up.transport, state, str(len(by_server[name])), str(definition_tokens(by_server[name]))])
+            tools = by_server[name]
+            rows.append([name, up.transport, up.state, str(len(tools)), f"~{definition_tokens(tools):,} tokens"])
+            if up.state != "ok":
+                reason = up.error or "no answer yet"
+                problem = up.config.command_problem()
+                status = max(status, 2 if problem else 1)
+                log_hint = ""
+                if up.transport == "stdio" and up.log_path.is_file() and up.log_path.stat().st_size:
+                    log_hint = f" (full log: {up.log_path})"
+                problems.append(f"{name}: {up.state}: {problem or reason}{log_hint}")
+        for name, cfg in settings.servers.items():
+            if not cfg.enabled:
+                rows.append([name, cfg.transport, "disabled", "-", "-"])
         own = [spec.tool for spec in gateway.own_tools.values()]
-        rows.append(["(gateway)", "-", "ok", str(len(own)), str(definition_tokens(own))])
-        listed = await gateway.listed_tools("inspect")
+        rows.append(["(gateway)", "-", "ok", str(len(own)), f"~{definition_tokens(own):,} tokens"])
         mode, reason = gateway.catalog_mode.decide("inspect")
-        upstream_all = list(gateway.routing.tools.values())
-        meta = [spec.tool for spec in gateway.meta_tools.values()]
-        pinned = [
-            t
-            for n, t in gateway.routing.tools.items()
-            if gateway.upstreams[gateway.routing.tool_routes[n].server].config.pin
-        ]
-        lines = [
-            table(rows),
+        shown = await gateway.listed_tools("inspect")
+        other = "catalog" if mode == "direct" else "direct"
+        alternative = await _listing(gateway, other)
+        lines = [table(rows, right={3})]
+        if problems:
+            lines += ["", "problems:"] + [_wrapped(p) for p in problems]
+        lines += [
             "",
-            f"host receives {len(listed)} tools, ~{definition_tokens(listed)} tokens of definitions "
-            f"(tool mode {mode}; {reason})",
-            f"  direct mode would list {len(own) + len(upstream_all)} tools, ~{definition_tokens(own + upstream_all)}"
-            f" tokens; catalog mode {len(own) + len(meta) + len(pinned)} tools, "
-            f"~{definition_tokens(own + meta + pinned)} tokens",
+            f"the host receives {len(shown)} tools, ~{definition_tokens(shown):,} tokens of definitions "
+            f"(tool mode {mode}: {reason})",
+            f"in {other} mode it would receive {len(alternative)} tools, ~{definition_tokens(alternative):,} tokens",
             gateway.llm.describe(),
-            f"window {gateway.window.for_session('inspect').describe()}; budget {gateway.window.budget('inspect')} "
-            f"tokens; results above {gateway.window.max_response_tokens(None, 'inspect')} tokens are offloaded",
+            f"window {gateway.window.for_session('inspect').describe()}; budget {gateway.window.budget('inspect'):,} "
+            f"tokens; results above {gateway.window.max_response_tokens(None, 'inspect'):,} tokens are offloaded",
         ]
+        notes: list[str] = []
         for line in gateway.routing.collisions:
-            ok = False
-            lines.append(f"collision: {line}")
+            status = max(status, 1)
+            notes.append(f"collision: {line}")
         for line in gateway.routing.dropped:
-            ok = False
-            lines.append(line)
+            status = max(status, 1)
+            notes.append(line)
         for line in gateway.routing.changed.values():
-            lines.append(f"changed: {line} (remove {gateway.routing.ledger.path} to accept)")
+            notes.append(f"changed: {line} (remove {gateway.routing.ledger.path} to accept)")
         for name, why in gateway.pipeline.failed.items():
-            ok = False
-            lines.append(f"plugin {name} failed to start and is left out: {why}")
-        for figures in gateway.pipeline.status("inspect").items():
-            lines.append(f"{figures[0]}: " + ", ".join(f"{k}={v}" for k, v in figures[1].items()))
-        for name, up in gateway.upstreams.items():
-            if up.state != "ok" and up.transport == "stdio":
-                lines.append(f"{name}: see {up.log_path} for its stderr")
-    return "\n".join(lines), ok
+            status = max(status, 1)
+            notes.append(f"plugin {name} failed to start and is left out: {why}")
+        started = [p.name for p in gateway.pipeline.plugins if p.name not in gateway.pipeline.failed]
+        lines.append(f"plugins: {', '.join(started) or 'none'}")
+        for name, figures in gateway.pipeline.status("inspect").items():
+            if warning := figures.get("warning"):
+                notes.append(f"plugin {name}: {warning}")
+        if notes:
+            lines += ["", *(_wrapped(n) for n in notes)]
+    return "\n".join(lines), status
+
+
+def _wrapped(text: str) -> str:
+    return textwrap.fill(text, WIDTH, initial_indent="  ", subsequent_indent="    ", break_on_hyphens=False)
 
 
 def cmd_inspect(settings: Settings) -> int:
-    report, ok = anyio.run(inspect_report, settings)
+    # the table reports every failed start; the restart warnings would only repeat it
+    logging.getLogger("gateway.upstream").setLevel(logging.ERROR)
+    report, status = anyio.run(inspect_report, settings)
     print(report)
-    return 0 if ok else 1
+    return status

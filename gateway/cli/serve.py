@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable
 
 import anyio
@@ -22,6 +23,13 @@ def cmd_serve(settings: Settings, reload: Callable[[], Settings] | None = None) 
         log.warning(
             "no upstream servers configured (pass --config /abs/path/gateway.toml or a host mcp.json; "
             "see config.example.toml): serving only the gateway's own tools"
+        )
+    if settings.gateway.transport == "stdio" and sys.stdin.isatty():
+        print(
+            "mcp-context-gateway is waiting for an MCP host on stdin (hosts start it themselves; Ctrl+C stops it). "
+            "To try it: `mcp-context-gateway demo --config config.example.toml`, `mcp-context-gateway inspect "
+            "--config FILE`, or `npx @modelcontextprotocol/inspector mcp-context-gateway --config FILE`.",
+            file=sys.stderr,
         )
     gateway = Gateway(settings)
     serve = serve_http if settings.gateway.transport == "http" else serve_stdio

@@ -138,14 +138,19 @@ class Upstream:
                 await self._connect_and_serve()
             except Exception as exc:  # includes ExceptionGroups from transport task groups
                 reason = describe(exc)
+                if reason.startswith("command not found"):  # say what to install
+                    reason = self.config.command_problem() or reason
             else:
                 reason = self._dead_reason or "connection closed"
             finally:
                 self.session = None
             if self._stopping:
                 break
+            exited = self._dead_reason or reason.lower() == "connection closed"
+            if self.state == "starting" and self.transport == "stdio" and exited:
+                reason = "the server exited during start-up"  # before it answered initialize
             if tail := self._stderr_tail():
-                reason = f"{reason} (stderr: {tail})"
+                reason = f"{reason}; its last stderr line: {tail}"
             if time.monotonic() - began > HEALTHY_AFTER:
                 backoff = BACKOFF_FIRST
             self.state, self.error = "failed", reason

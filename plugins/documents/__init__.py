@@ -228,7 +228,7 @@ class DocumentsPlugin(Plugin):
 
     def status(self, session_id: str) -> dict[str, Any]:
         notes = [f"{ns or 'default'}: {store.damaged_note}" for ns, store in self.stores.items() if store.damaged_note]
-        return {"index": "; ".join(notes)} if notes else {}
+        return {"warning": "; ".join(notes)} if notes else {}
 
     def tools(self) -> list[PluginTool]:
         doc = {"doc_id": {"type": "string", "description": "from doc_ingest/doc_list, or an offloaded resp_ id"}}

@@ -80,7 +80,12 @@ class OffloadPlugin(Plugin):
         return self.ctx
 
     def status(self, session_id: str) -> dict[str, Any]:
-        out: dict[str, Any] = {"offloaded": self.offloaded, "ijson": ijson.backend}
+        out: dict[str, Any] = {"offloaded": self.offloaded}
+        if ijson.backend not in ("yajl2_c", "yajl2_cffi"):  # the pure-Python parser: large JSON is slow
+            out["warning"] = (
+                f"ijson runs without its C extension ({ijson.backend}): outlines of large JSON results are slow; "
+                "reinstall ijson from a wheel for your platform"
+            )
         if self.ctx is not None:
             free = free_space(self.ctx.responses.folder)
             out["workspace_free"] = human_size(free)
