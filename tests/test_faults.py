@@ -105,7 +105,7 @@ async def test_every_way_of_naming_a_file_is_confined_and_temp_files_never_serve
         ({"workspace": "relative/ws"}, "", "is a relative path"),
         ({"budget": -1}, "", "budget: Input should be greater than or equal to 0"),
         ({"context_window": -5}, "", "context_window: Input should be greater than or equal to 0"),
-        ({"port": 70000}, "", "port: Input should be less than or equal to 65535"),
+        ({"port": 70000}, "", "port 70000 is out of range: give a port between 1 and 65535"),
         (
             {"plugins": ["offload"]},
             "[plugins.offload]\nresponse_ttl_hours = -1\n",
