@@ -11,6 +11,7 @@ with the message `inspect` prints, and the running configuration stays in force.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import signal
 import sys
@@ -168,7 +169,8 @@ class ConfigReloader:
                 await self.reload("SIGHUP")
 
     async def _on_file_change(self, path: Any) -> None:
-        import watchfiles  # only a served gateway with a config file watches it
+        # imported in a worker thread: the loop is answering the host's first requests meanwhile
+        watchfiles = await anyio.to_thread.run_sync(importlib.import_module, "watchfiles")
 
         def is_config(_change: Any, changed: str) -> bool:
             return changed == str(path)

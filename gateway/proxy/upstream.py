@@ -39,6 +39,7 @@ HEALTHY_AFTER = 60.0  # a connection that lived this long resets the backoff
 LOG_ROTATE_BYTES = 10 * 1024 * 1024
 CLIENT_INFO = types.Implementation(name="mcp-context-gateway", version="0.1.0")
 
+PROCESS_EXITED = "the server process exited or closed its stdout"
 State = Literal["starting", "ok", "failed", "stopped"]
 
 
@@ -146,7 +147,7 @@ class Upstream:
                 self.session = None
             if self._stopping:
                 break
-            exited = self._dead_reason or reason.lower() == "connection closed"
+            exited = reason.lower() in ("connection closed", PROCESS_EXITED)  # not a timeout or a refusal
             if self.state == "starting" and self.transport == "stdio" and exited:
                 reason = "the server exited during start-up"  # before it answered initialize
             if tail := self._stderr_tail():
@@ -209,7 +210,7 @@ class Upstream:
 
     def _on_stdout_closed(self) -> None:
         if not self._stopping:
-            self.mark_dead("the server process exited or closed its stdout")
+            self.mark_dead(PROCESS_EXITED)
 
     async def _connect_and_serve(self) -> None:
         self._dead_reason, self._refresh = "", False
