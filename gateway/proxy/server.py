@@ -188,6 +188,7 @@ class Gateway:
             on_change=self._upstream_changed,
             spiller=self.spiller,
             on_notice=self._relay,
+            roots_host=self._roots_host,
         )
 
     def _status(self, session_id: str) -> dict[str, Any]:
@@ -308,9 +309,21 @@ class Gateway:
 
     # -- change propagation ---------------------------------------------------------------
 
+    def _roots_host(self) -> ServerSession | None:
+        """The most recent host connection that declared roots (asked when an upstream wants roots)."""
+        for session in reversed(self.hosts.values()):
+            caps = getattr(session, "client_capabilities", None)
+            if caps is not None and caps.roots is not None:
+                return session
+        return None
+
     def _remember_host(self, ctx: ServerRequestContext[Any]) -> str:
         sid = session_id_of(ctx)
         self.window.note_host(sid, client_name(ctx))
+        caps = getattr(ctx.session, "client_capabilities", None)
+        if self.hosts.get(sid) is not ctx.session and caps is not None and caps.roots is not None:
+            # a host with roots arrived after the upstreams asked (they start first): they ask again
+            self._notify_roots_changed()
         self.hosts[sid] = ctx.session
         self.hosts.move_to_end(sid)
         while len(self.hosts) > MAX_HOSTS:
@@ -336,6 +349,16 @@ class Gateway:
             await self._broadcast("resources")
         if before[3] != after[3]:
             await self._broadcast("prompts")
+
+    def _notify_roots_changed(self) -> None:
+        if self._tg is not None:
+            for upstream in self.upstreams.values():
+                self._tg.start_soon(upstream.roots_changed)
+
+    async def _roots_list_changed(self, ctx: ServerRequestContext[Any], params: Any) -> None:
+        """The host's roots changed: every upstream is told, and asks for them again."""
+        self._remember_host(ctx)
+        self._notify_roots_changed()
 
     async def _broadcast(self, what: str) -> None:
         event = {"tools": ToolsListChanged, "resources": ResourcesListChanged, "prompts": PromptsListChanged}[what]
@@ -387,6 +410,7 @@ class Gateway:
             on_unsubscribe_resource=self._unsubscribe,
             on_completion=self._complete,
             on_set_logging_level=self._set_logging_level,
+            on_roots_list_changed=self._roots_list_changed,
         )
         # The default OpenTelemetry middleware costs ~0.1 ms a request, measured (bench/proxy_overhead.py),
         # on a hop whose whole budget is about that; tracing stays available on the upstreams themselves.

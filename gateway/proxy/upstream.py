@@ -80,9 +80,11 @@ class Upstream:
         on_change: Callable[[Upstream], Awaitable[None]] | None = None,
         spiller: Spiller | None = None,
         on_notice: Callable[[Upstream, Any], Awaitable[None]] | None = None,
+        roots_host: Callable[[], Any] | None = None,
     ):
         self.name = name
         self.on_notice = on_notice  # log messages and resource updates, relayed to the hosts
+        self.roots_host = roots_host  # the host to ask for roots outside a call (the latest that has them)
         self.spiller = spiller  # long replies of a stdio server are spooled to disk (bounded memory)
         self.config = config
         self.log_path = log_dir / f"{name}.log"
@@ -224,6 +226,7 @@ class Upstream:
                 message_handler=self._on_message,
                 elicitation_callback=self._on_elicit,
                 sampling_callback=self._on_sampling,
+                list_roots_callback=self._on_roots,
                 client_info=CLIENT_INFO,
             ) as session,
         ):
@@ -426,6 +429,38 @@ class Upstream:
             return types.ErrorData(code=types.INTERNAL_ERROR, message=f"sampling failed: {describe(exc)}")
         finally:
             flight.scope.deadline = anyio.current_time() + flight.timeout
+
+    async def _on_roots(self, context: Any) -> Any:
+        """roots/list from the upstream: the host that made the call in flight, if any; else (servers ask
+        right after initialize and after roots/list_changed, outside any call) the most recent host that
+        declared roots. Declined with an error the upstream can read when that host has none."""
+        flight = self._in_flight[-1] if self._in_flight else None
+        host = flight.host_session if flight else (self.roots_host() if self.roots_host else None)
+        caps = getattr(host, "client_capabilities", None)
+        if host is None or caps is None or caps.roots is None:
+            return types.ErrorData(
+                code=types.INVALID_REQUEST, message="roots are not available: the host using this gateway has none"
+            )
+        try:
+            with anyio.fail_after(30):
+                return await host.send_request(
+                    types.ListRootsRequest(),
+                    types.ListRootsResult,
+                    metadata=ServerMessageMetadata(related_request_id=flight.request_id) if flight else None,
+                )
+        except MCPError as exc:
+            return exc.error
+        except Exception as exc:  # the host went away, or did not answer
+            log.info("upstream %s: roots/list not forwarded: %s", self.name, describe(exc))
+            return types.ErrorData(code=types.INTERNAL_ERROR, message=f"roots/list failed: {describe(exc)}")
+
+    async def roots_changed(self) -> None:
+        """Tell the upstream the roots changed (it asks for them again)."""
+        if self.session is not None and self.state == "ok":
+            try:
+                await self.session.send_notification(types.RootsListChangedNotification())
+            except Exception as exc:
+                log.info("upstream %s: roots/list_changed not sent: %s", self.name, describe(exc))
 
     def _call_failed(self, what: str, exc: MCPError) -> str:
         code, message = exc.error.code, exc.error.message
