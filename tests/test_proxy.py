@@ -293,6 +293,30 @@ async def test_2026_era_host_can_list_and_call(tmp_path: Path) -> None:
         assert "p__grown" in {t.name for t in (await client.list_tools()).tools}
 
 
+async def test_2026_listen_stream_watches_resources_at_their_server(tmp_path: Path) -> None:
+    """A 2026-era host watching a resource through subscriptions/listen: the gateway subscribes at the
+    server that owns it (the probe answers with an update at once), relays the update on the stream, and
+    unsubscribes when the stream ends."""
+    from mcp import Client
+
+    from gateway.proxy.server import Gateway
+
+    settings = make_settings(tmp_path, {"p": probe("p")})
+    gateway = Gateway(settings, plugins=[])
+    uri = f"p{URI_SEP}mem://subscriptions"
+    async with gateway.running(), Client(gateway.server) as client:
+        async with client.listen(resource_subscriptions=[uri]) as subscription:
+            with anyio.fail_after(10):
+                event = await subscription.__anext__()
+            assert type(event).__name__ == "ResourceUpdated" and event.uri == uri
+            watched = (await client.read_resource(uri)).contents[0].text
+            assert json.loads(watched) == ["mem://subscriptions"]  # the server itself was asked
+        with anyio.fail_after(10):
+            while json.loads((await client.read_resource(uri)).contents[0].text):
+                await anyio.sleep(0.05)
+        assert uri not in gateway.subscribers
+
+
 def test_stderr_goes_to_per_server_log_and_children_stop_on_sigterm(tmp_path: Path) -> None:
     """A real gateway process: children are stopped on SIGTERM and on host disconnect."""
     from conftest import gateway_env, write_config

@@ -176,6 +176,7 @@ class Gateway:
         self._collect_tools()
         self.hosts: OrderedDict[str, ServerSession] = OrderedDict()
         self.bus = InMemorySubscriptionBus()
+        self._listen_handler = ListenHandler(self.bus)
         self.subscribers: dict[str, set[str]] = {}  # gateway resource URI -> host sessions subscribed to it
         self._listed: tuple[Any, ...] = ()
         self.server = self._build_server()
@@ -405,7 +406,7 @@ class Gateway:
             on_read_resource=self._read_resource,
             on_list_prompts=self._list_prompts,
             on_get_prompt=self._get_prompt,
-            on_subscriptions_listen=ListenHandler(self.bus),
+            on_subscriptions_listen=self._listen,
             on_subscribe_resource=self._subscribe,
             on_unsubscribe_resource=self._unsubscribe,
             on_completion=self._complete,
@@ -630,31 +631,42 @@ class Gateway:
         route = await self._after_start(lambda: self.routing.resource_route(params.uri))
         if route is None:
             raise MCPError(types.INVALID_PARAMS, f"Unknown resource {params.uri!r}; list resources to see them.")
-        upstream = self.routing.upstream_for(route)
-        if not upstream.declares("subscribe"):
+        if not self.routing.upstream_for(route).declares("subscribe"):
             raise MCPError(types.METHOD_NOT_FOUND, f"server '{route.server}' does not offer resource subscriptions")
-        subscribers = self.subscribers.setdefault(params.uri, set())
+        await self._add_subscriber(params.uri, sid)
+        return types.EmptyResult()
+
+    async def _unsubscribe(self, ctx: ServerRequestContext[Any], params: types.UnsubscribeRequestParams) -> Any:
+        await self._remove_subscriber(params.uri, self._remember_host(ctx))
+        return types.EmptyResult()
+
+    async def _add_subscriber(self, uri: str, subscriber: str) -> None:
+        """`subscriber` (a host connection, or a 2026 listen stream) wants updates of `uri`: the owning
+        server is subscribed when the first one does."""
+        route = self.routing.resource_route(uri)
+        if route is None or not self.routing.upstream_for(route).declares("subscribe"):
+            return
+        subscribers = self.subscribers.setdefault(uri, set())
         first = not subscribers
-        subscribers.add(sid)  # before forwarding: an update may arrive before the answer
+        subscribers.add(subscriber)  # before forwarding: an update may arrive before the answer
         if first:
             try:
-                await upstream.request(
+                await self.routing.upstream_for(route).request(
                     types.SubscribeRequest(params=types.SubscribeRequestParams(uri=route.name)),
                     types.EmptyResult,
                     f"resources/subscribe {route.name}",
                 )
             except MCPError:
-                subscribers.discard(sid)
+                subscribers.discard(subscriber)
                 raise
-        return types.EmptyResult()
 
-    async def _unsubscribe(self, ctx: ServerRequestContext[Any], params: types.UnsubscribeRequestParams) -> Any:
-        sid = self._remember_host(ctx)
-        subscribers = self.subscribers.get(params.uri, set())
-        subscribers.discard(sid)
-        route = self.routing.resource_route(params.uri)
+    async def _remove_subscriber(self, uri: str, subscriber: str) -> None:
+        """The owning server is unsubscribed when the last subscriber lets go."""
+        subscribers = self.subscribers.get(uri, set())
+        subscribers.discard(subscriber)
+        route = self.routing.resource_route(uri)
         if not subscribers and route is not None:
-            self.subscribers.pop(params.uri, None)
+            self.subscribers.pop(uri, None)
             upstream = self.routing.upstream_for(route)
             if upstream.declares("subscribe"):
                 await upstream.request(
@@ -662,7 +674,32 @@ class Gateway:
                     types.EmptyResult,
                     f"resources/unsubscribe {route.name}",
                 )
-        return types.EmptyResult()
+
+    async def _listen(self, ctx: ServerRequestContext[Any], params: types.SubscriptionsListenRequestParams) -> Any:
+        """subscriptions/listen (2026): the stream is served by the SDK's handler from the bus; the
+        resources it asks to watch are subscribed at the servers that own them for as long as it lasts."""
+        uris = list(params.notifications.resource_subscriptions or ())
+        stream = f"listen:{session_id_of(ctx)}:{ctx.request_id}"
+
+        async def subscribe_all() -> None:
+            await self.wait_ready()
+            for uri in uris:
+                try:
+                    await self._add_subscriber(uri, stream)
+                except MCPError as exc:  # honored, and never fires (as for an unknown URI)
+                    log.info("listen stream: %s cannot be watched: %s", uri, exc.error.message)
+
+        if uris and self._tg is not None:
+            # runs once the handler below has joined the bus (it does so before its first await), so
+            # an update the server sends at once is not lost
+            self._tg.start_soon(subscribe_all)
+        try:
+            return await self._listen_handler(ctx, params)
+        finally:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                for uri in uris:
+                    with suppress(MCPError):
+                        await self._remove_subscriber(uri, stream)
 
     def _read_response(self, uri: str, namespace: str) -> types.ReadResourceResult:
         """A piece of an offloaded result (`gateway-response://resp_x?offset=N&length=M`, 64 KB by default);
