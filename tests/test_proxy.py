@@ -317,6 +317,33 @@ async def test_2026_listen_stream_watches_resources_at_their_server(tmp_path: Pa
         assert uri not in gateway.subscribers
 
 
+async def test_2026_log_level_per_request(tmp_path: Path) -> None:
+    """A 2026-era host opts in to log messages per request (`_meta` logLevel): an upstream's messages
+    during that call reach it on the call's own stream, at that level and above, tagged with the server;
+    a call without the key gets none."""
+    from mcp import Client
+
+    from gateway.proxy.server import Gateway
+
+    received: list[types.LoggingMessageNotificationParams] = []
+
+    async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+        received.append(params)
+
+    settings = make_settings(tmp_path, {"p": probe("p")})
+    gateway = Gateway(settings, plugins=[])
+    async with gateway.running(), Client(gateway.server, logging_callback=on_log) as client:
+        assert client.protocol_version == "2026-07-28"
+        quiet = await client.call_tool("p__echo", {"text": "a", "log": True})
+        assert text_of(quiet) == "a" and received == []
+        loud = await client.call_tool("p__echo", {"text": "b", "log": True}, meta={types.LOG_LEVEL_META_KEY: "info"})
+        assert text_of(loud) == "b"
+        assert [(m.level, m.data, m.logger) for m in received] == [
+            ("info", "info from p", "p/probe"),
+            ("warning", "warning from p", "p/probe"),
+        ]
+
+
 def test_stderr_goes_to_per_server_log_and_children_stop_on_sigterm(tmp_path: Path) -> None:
     """A real gateway process: children are stopped on SIGTERM and on host disconnect."""
     from conftest import gateway_env, write_config

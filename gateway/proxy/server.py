@@ -20,6 +20,7 @@ from mcp.server import NotificationOptions, Server, ServerRequestContext
 from mcp.server.session import ServerSession
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
 from mcp.shared.subscriptions import PromptsListChanged, ResourcesListChanged, ResourceUpdated, ToolsListChanged
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from gateway.pipeline import build_pipeline
 from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall
@@ -130,6 +131,11 @@ def unencodable(value: Any, path: str = "arguments") -> str | None:
             if found := unencodable(item, f"{path}.{i}"):
                 return found
     return None
+
+
+def _modern(session: Any) -> bool:
+    """A host session of the 2026-07-28 era (request-scoped: no connection channel to push on)."""
+    return getattr(session, "protocol_version", None) in MODERN_PROTOCOL_VERSIONS
 
 
 def _page(items: Sequence[Any], cursor: str | None) -> tuple[list[Any], str | None]:
@@ -612,10 +618,17 @@ class Gateway:
         if isinstance(message, types.LoggingMessageNotification):
             params = message.params
             logger = f"{upstream.name}/{params.logger}" if params.logger else upstream.name
-            targets = list(self.hosts.values())
-            for host in targets:
+            # handshake-era hosts on their connection; a 2026 host only on the stream of a call in flight
+            # to this server, at the level that call's `_meta` asked for (its session filters by it)
+            for host in [h for h in self.hosts.values() if not _modern(h)]:
                 with suppress(Exception):  # a host that went away
                     await host.send_log_message(params.level, params.data, logger=logger)
+            for host, request_id in upstream.hosts_in_flight():
+                if _modern(host):
+                    with suppress(Exception):
+                        await host.send_log_message(
+                            params.level, params.data, logger=logger, related_request_id=request_id
+                        )
             return
         uri = f"{upstream.name}{URI_SEP}{message.params.uri}"
         for sid in list(self.subscribers.get(uri, ())):

@@ -454,6 +454,10 @@ class Upstream:
             log.info("upstream %s: roots/list not forwarded: %s", self.name, describe(exc))
             return types.ErrorData(code=types.INTERNAL_ERROR, message=f"roots/list failed: {describe(exc)}")
 
+    def hosts_in_flight(self) -> list[tuple[Any, Any]]:
+        """(host session, request id) of the calls to this upstream still running."""
+        return [(f.host_session, f.request_id) for f in self._in_flight if f.host_session is not None]
+
     async def roots_changed(self) -> None:
         """Tell the upstream the roots changed (it asks for them again)."""
         if self.session is not None and self.state == "ok":

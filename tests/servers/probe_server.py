@@ -86,6 +86,9 @@ def build(name: str, extra_tools: int, shuffle: bool = False, mutate: str = "") 
     async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> Any:
         args = params.arguments or {}
         tool = params.name
+        if tool == "echo" and args.get("log"):  # log at three levels during the call, then echo
+            for level in ("debug", "info", "warning"):
+                await ctx.session.send_log_message(level, f"{level} from {name}", logger="probe")
         if tool == "echo":
             return types.CallToolResult(content=[types.TextContent(text=str(args.get("text", "")))])
         if tool == "ask" and args.get("via") == "sampling":  # ask the host's model instead of the user
