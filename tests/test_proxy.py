@@ -8,6 +8,7 @@ import re
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 import mcp_types as types
@@ -342,6 +343,48 @@ async def test_2026_log_level_per_request(tmp_path: Path) -> None:
             ("info", "info from p", "p/probe"),
             ("warning", "warning from p", "p/probe"),
         ]
+
+
+@pytest.mark.parametrize("mode", ["direct", "catalog"])
+async def test_2026_host_answers_upstream_questions_by_multi_round_trip(tmp_path: Path, mode: str) -> None:
+    """An upstream asks during a call (elicitation, sampling): a 2026-era host cannot be sent a request,
+    so the call answers `input_required` with the question; the host's retry carries the answer to the
+    waiting upstream, whose result answers the retry - directly and through catalog mode's tool_call."""
+    from mcp import Client
+
+    from gateway.proxy.server import Gateway
+
+    asked: list[str] = []
+
+    async def on_elicit(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content={"name": "Mina"})
+
+    async def on_sample(context: Any, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
+        asked.append(params.messages[0].content.text)
+        return types.CreateMessageResult(role="assistant", content=types.TextContent(text="teal"), model="m")
+
+    settings = make_settings(tmp_path, {"p": probe("p")}, tool_mode=mode)
+    gateway = Gateway(settings, plugins=[])
+
+    async def ask(client: Any, args: dict[str, Any]) -> str:
+        if mode == "direct":
+            return text_of(await client.call_tool("p__ask", args))
+        return text_of(await client.call_tool("tool_call", {"name": "p__ask", "arguments": args}))
+
+    async with (
+        gateway.running(),
+        Client(gateway.server, elicitation_callback=on_elicit, sampling_callback=on_sample) as client,
+    ):
+        assert client.protocol_version == "2026-07-28"
+        assert await ask(client, {}) == "accept:Mina"
+        assert await ask(client, {"via": "sampling"}) == "sampled:teal"
+        assert asked == ["What is your name?", "Name a colour."]
+        assert not gateway.exchanges.open  # settled exchanges are not kept
+    # a requestState that names nothing is refused
+    async with gateway.running(), Client(gateway.server) as client:
+        with pytest.raises(MCPError, match="Invalid or expired requestState"):
+            await client.session.call_tool("p__echo", {"text": "x"}, request_state="forged", allow_input_required=True)
 
 
 def test_stderr_goes_to_per_server_log_and_children_stop_on_sigterm(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from gateway.pipeline import build_pipeline
 from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall
 from gateway.proxy.catalog_mode import CatalogMode
+from gateway.proxy.exchanges import Exchange, Exchanges
 from gateway.proxy.reload import STOP_WAIT, Plan
 from gateway.proxy.routing import URI_SEP, Route, RoutingTable
 from gateway.proxy.upstream import Upstream
@@ -183,6 +184,7 @@ class Gateway:
         self.hosts: OrderedDict[str, ServerSession] = OrderedDict()
         self.bus = InMemorySubscriptionBus()
         self._listen_handler = ListenHandler(self.bus)
+        self.exchanges = Exchanges()  # 2026 hosts' calls that an upstream interrupted with a question
         self.subscribers: dict[str, set[str]] = {}  # gateway resource URI -> host sessions subscribed to it
         self._listed: tuple[Any, ...] = ()
         self.server = self._build_server()
@@ -319,6 +321,8 @@ class Gateway:
     def _roots_host(self) -> ServerSession | None:
         """The most recent host connection that declared roots (asked when an upstream wants roots)."""
         for session in reversed(self.hosts.values()):
+            if _modern(session):  # no channel for a request of ours outside its call
+                continue
             caps = getattr(session, "client_capabilities", None)
             if caps is not None and caps.roots is not None:
                 return session
@@ -489,6 +493,8 @@ class Gateway:
 
     async def _call_tool(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> Any:
         sid = self._remember_host(ctx)
+        if params.request_state is not None and _modern(ctx.session):  # a 2026 host answering our questions
+            return await self._resume(ctx, params)
         arguments = params.arguments if isinstance(params.arguments, dict) else {}
         call = ToolCall(
             name=params.name,
@@ -500,14 +506,53 @@ class Gateway:
             meta=forwardable_meta(params.meta),
             namespace=namespace_of(ctx),
         )
+        if _modern(ctx.session) and self._tg is not None:
+            # an upstream's question cannot be sent to a 2026 host: it becomes an `input_required` answer
+            exchange = self.exchanges.new(call.namespace)
+            exchange.call, call.exchange = call, exchange
+            self._tg.start_soon(self._run_exchange, exchange, call)
+            return await self._next(exchange, call)
+        return await self._finish(call, await self._guarded_call(call))
+
+    async def _guarded_call(self, call: ToolCall) -> types.CallToolResult:
         try:
-            result = await self.call(call)
+            return await self.call(call)
         except Exception as exc:
-            log.exception("tool %s failed inside the gateway", params.name)
-            result = error_result(
-                f"The gateway failed while handling '{params.name}': {exc}. This is a bug; "
+            log.exception("tool %s failed inside the gateway", call.name)
+            return error_result(
+                f"The gateway failed while handling '{call.name}': {exc}. This is a bug; "
                 "the gateway keeps serving. Try again or use another tool."
             )
+
+    async def _run_exchange(self, exchange: Exchange, call: ToolCall) -> None:
+        with exchange.scope:
+            await exchange.finish(await self._guarded_call(call))
+
+    async def _next(self, exchange: Exchange, call: ToolCall) -> Any:
+        """The call's next question (the exchange stays open) or its result, through the pipeline."""
+        try:
+            outcome = await exchange.next_outcome()
+        except anyio.get_cancelled_exc_class():
+            if not exchange.waiting:  # the host gave up before any question: the upstream call stops too
+                exchange.scope.cancel()
+                self.exchanges.close(exchange)
+            raise
+        if isinstance(outcome, types.InputRequiredResult):
+            return outcome
+        self.exchanges.close(exchange)
+        return await self._finish(call, outcome)
+
+    async def _resume(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> Any:
+        """The retry of a call that answered `input_required`: its answers go to the waiting upstream."""
+        exchange = self.exchanges.find(params.request_state or "", namespace_of(ctx))
+        if exchange is None or exchange.call is None or exchange.call.name != params.name:
+            raise MCPError(types.INVALID_PARAMS, "Invalid or expired requestState: call the tool again without it")
+        if problem := exchange.answer(params.input_responses):
+            raise MCPError(types.INVALID_PARAMS, f"{params.name}: {problem}")
+        return await self._next(exchange, exchange.call)
+
+    async def _finish(self, call: ToolCall, result: types.CallToolResult) -> Any:
+        """The pipeline (offload, monitor), the usage figures, and long texts restored from disk."""
         try:
             reply = await self.pipeline.on_tool_result(call, result)
             self._record_call(call, result, reply)
@@ -541,7 +586,12 @@ class Gateway:
             )
         upstream = self.routing.upstream_for(route)
         return await upstream.call_tool(
-            route.name, call.arguments, call.meta, call.report_progress, host=(call.host_session, call.request_id)
+            route.name,
+            call.arguments,
+            call.meta,
+            call.report_progress,
+            host=(call.host_session, call.request_id),
+            exchange=call.exchange,
         )
 
     def _unknown_tool(self, name: str) -> str:

@@ -53,6 +53,19 @@ class _InFlight:
     request_id: Any
     scope: anyio.CancelScope
     timeout: float
+    exchange: Any = None  # a 2026 host: its questions go out as `input_required` (proxy/exchanges.py)
+
+    async def ask_by_exchange(self, request: Any) -> Any:
+        """Put an upstream's question to a 2026 host through the exchange, the call's clock paused."""
+        self.scope.deadline = math.inf
+        try:
+            return await self.exchange.ask(request)
+        finally:
+            self.scope.deadline = anyio.current_time() + self.timeout
+
+
+def _not_answered(what: str) -> types.ErrorData:
+    return types.ErrorData(code=types.INVALID_REQUEST, message=f"{what}: the host did not answer in time")
 
 
 def describe(exc: BaseException) -> str:
@@ -335,6 +348,7 @@ class Upstream:
         progress: ProgressReporter = no_progress,
         timeout: float | None = None,
         host: tuple[Any, Any] = (None, None),
+        exchange: Any = None,
     ) -> types.CallToolResult:
         """Forward a call; every failure comes back as an `isError` result naming this server."""
         session = self.session
@@ -342,7 +356,7 @@ class Upstream:
             return error_result(self.unavailable())
         timeout = timeout or self.config.timeout_seconds
         scope = anyio.CancelScope(deadline=anyio.current_time() + timeout)
-        flight = _InFlight(host[0], host[1], scope, timeout)
+        flight = _InFlight(host[0], host[1], scope, timeout, exchange)
         self._in_flight.append(flight)
         try:
             return await self._forward(session, tool, arguments, meta, progress, scope, timeout)
@@ -386,6 +400,9 @@ class Upstream:
         """An upstream asks the user something during a call: ask the host that made the call (the most
         recent one in flight), with the call's clock paused while the user answers; else decline."""
         flight = self._in_flight[-1] if self._in_flight else None
+        if flight is not None and flight.exchange is not None:
+            answer = await flight.ask_by_exchange(types.ElicitRequest(params=params))
+            return answer if answer is not None else types.ElicitResult(action="decline")
         caps = getattr(flight.host_session, "client_capabilities", None) if flight else None
         if flight is None or caps is None or caps.elicitation is None:
             return types.ElicitResult(action="decline")
@@ -409,6 +426,9 @@ class Upstream:
         clock paused meanwhile), as for elicitation; an error the upstream can read when that host
         does not offer sampling."""
         flight = self._in_flight[-1] if self._in_flight else None
+        if flight is not None and flight.exchange is not None:
+            answer = await flight.ask_by_exchange(types.CreateMessageRequest(params=params))
+            return answer if answer is not None else _not_answered("sampling")
         caps = getattr(flight.host_session, "client_capabilities", None) if flight else None
         if flight is None or caps is None or caps.sampling is None:
             return types.ErrorData(
@@ -435,6 +455,9 @@ class Upstream:
         right after initialize and after roots/list_changed, outside any call) the most recent host that
         declared roots. Declined with an error the upstream can read when that host has none."""
         flight = self._in_flight[-1] if self._in_flight else None
+        if flight is not None and flight.exchange is not None:
+            answer = await flight.ask_by_exchange(types.ListRootsRequest())
+            return answer if answer is not None else _not_answered("roots")
         host = flight.host_session if flight else (self.roots_host() if self.roots_host else None)
         caps = getattr(host, "client_capabilities", None)
         if host is None or caps is None or caps.roots is None:

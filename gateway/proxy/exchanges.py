@@ -1,0 +1,118 @@
+"""Questions from an upstream to a 2026-era host, as multi-round-trip results.
+
+Upstreams speak the handshake era: during a call they ask the client (elicitation, sampling, roots)
+with a request of their own. A 2026-07-28 host has no channel for such a request; it expects the
+call to answer `input_required` with the questions embedded and a `requestState`, and then sends
+the same call again with the answers. An `Exchange` joins the two: the upstream call runs in the
+background, its question becomes the `input_required` answer to the host's call, the host's retry
+(matched by `requestState`) carries the answer back to the waiting upstream, and the upstream's
+final result (or its next question) answers the retry.
+
+`requestState` is a random token naming an exchange held in memory: it reveals nothing, and a
+token that names no exchange of this namespace is refused.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any
+
+import anyio
+import mcp_types as types
+from pydantic import BaseModel, ValidationError
+
+ANSWER_WAIT = 600.0  # how long a question waits for the host's retry; then the upstream hears "decline"
+KEEP_FINISHED = 60.0  # a result nobody came back for is dropped after this
+MAX_EXCHANGES = 256
+
+RESPONSE_TYPES: dict[str, type[BaseModel]] = {
+    "elicitation/create": types.ElicitResult,
+    "sampling/createMessage": types.CreateMessageResult,
+    "roots/list": types.ListRootsResult,
+}
+
+Outcome = types.CallToolResult | types.InputRequiredResult
+
+
+class Exchange:
+    """One host call that an upstream may interrupt with questions."""
+
+    def __init__(self, namespace: str):
+        self.token = secrets.token_urlsafe(18)
+        self.namespace = namespace
+        self._outcomes_in, self._outcomes = anyio.create_memory_object_stream[Outcome](8)
+        self._asked: dict[str, tuple[str, anyio.Event]] = {}  # key -> (method, answered)
+        self._answers: dict[str, Any] = {}
+        self._count = 0
+        self.finished_at: float | None = None
+        self.call: Any = None  # the host's call (the pipeline runs on it when the result comes)
+        self.scope = anyio.CancelScope()  # the upstream call running in the background
+
+    @property
+    def waiting(self) -> bool:
+        """A question is open (the host is expected back with its answer)."""
+        return bool(self._asked)
+
+    async def ask(self, request: types.ElicitRequest | types.CreateMessageRequest | types.ListRootsRequest) -> Any:
+        """Put a question to the host (as the answer to its call); the host's answer, or None when it
+        did not come back in time."""
+        self._count += 1
+        key = f"q{self._count}"
+        answered = anyio.Event()
+        self._asked[key] = (request.method, answered)
+        await self._outcomes_in.send(types.InputRequiredResult(input_requests={key: request}, request_state=self.token))
+        with anyio.move_on_after(ANSWER_WAIT):
+            await answered.wait()
+        self._asked.pop(key, None)
+        return self._answers.pop(key, None)
+
+    def answer(self, responses: dict[str, Any] | None) -> str | None:
+        """The host's answers from its retry; a problem with them as text, or None."""
+        problems = []
+        for key, value in (responses or {}).items():
+            if key not in self._asked:
+                problems.append(f"no question {key!r} is open")
+                continue
+            method, answered = self._asked[key]
+            raw = value.model_dump(by_alias=True, exclude_none=True) if isinstance(value, BaseModel) else value
+            try:
+                self._answers[key] = RESPONSE_TYPES[method].model_validate(raw)
+            except ValidationError as exc:
+                problems.append(f"the answer to {key!r} is not a {method} result ({exc.error_count()} errors)")
+                continue
+            answered.set()
+        return "; ".join(problems) or None
+
+    async def finish(self, result: types.CallToolResult) -> None:
+        self.finished_at = time.monotonic()
+        await self._outcomes_in.send(result)
+
+    async def next_outcome(self) -> Outcome:
+        """The upstream's next question or its final result, whichever comes first."""
+        return await self._outcomes.receive()
+
+
+class Exchanges:
+    """The open exchanges, by `requestState` token."""
+
+    def __init__(self) -> None:
+        self.open: dict[str, Exchange] = {}
+
+    def new(self, namespace: str) -> Exchange:
+        now = time.monotonic()
+        for token, ex in list(self.open.items()):  # results nobody came back for
+            if ex.finished_at is not None and now - ex.finished_at > KEEP_FINISHED:
+                del self.open[token]
+        while len(self.open) >= MAX_EXCHANGES:
+            self.open.pop(next(iter(self.open)))
+        exchange = Exchange(namespace)
+        self.open[exchange.token] = exchange
+        return exchange
+
+    def find(self, token: str, namespace: str) -> Exchange | None:
+        exchange = self.open.get(token)
+        return exchange if exchange is not None and exchange.namespace == namespace else None
+
+    def close(self, exchange: Exchange) -> None:
+        self.open.pop(exchange.token, None)
