@@ -1,0 +1,55 @@
+"""gateway.proxy.exchanges: questions out as input_required, answers back, tokens per namespace."""
+
+import anyio
+import mcp_types as types
+import pytest
+
+from gateway.proxy import exchanges
+from gateway.proxy.exchanges import Exchanges
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_question_answer_and_result() -> None:
+    registry = Exchanges()
+    ex = registry.new("alice")
+    assert registry.find(ex.token, "alice") is ex and registry.find(ex.token, "bob") is None
+    got: list[object] = []
+
+    async def upstream() -> None:
+        got.append(
+            await ex.ask(
+                types.ElicitRequest(
+                    params=types.ElicitRequestFormParams(
+                        message="name?", requested_schema={"type": "object", "properties": {}}
+                    )
+                )
+            )
+        )
+        await ex.finish(types.CallToolResult(content=[types.TextContent(text="done")]))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(upstream)
+        question = await ex.next_outcome()
+        assert isinstance(question, types.InputRequiredResult) and question.request_state == ex.token
+        assert list(question.input_requests) == ["q1"] and ex.waiting
+        assert ex.answer({"nope": {}}) == "no question 'nope' is open"
+        assert "is not a elicitation/create result" in (ex.answer({"q1": {"action": "maybe"}}) or "")
+        assert ex.answer({"q1": {"action": "accept", "content": {"name": "Mina"}}}) is None
+        final = await ex.next_outcome()
+    assert isinstance(final, types.CallToolResult)
+    assert got == [types.ElicitResult(action="accept", content={"name": "Mina"})]
+
+
+async def test_an_unanswered_question_is_declined(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(exchanges, "ANSWER_WAIT", 0.05)
+    ex = Exchanges().new("")
+    assert await ex.ask(types.ListRootsRequest()) is None and not ex.waiting
+
+
+async def test_results_nobody_came_back_for_are_dropped() -> None:
+    registry = Exchanges()
+    old = registry.new("")
+    old.finished_at = 0.0  # long ago
+    registry.new("")
+    assert old.token not in registry.open and len(registry.open) == 1
