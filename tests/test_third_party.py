@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import os
 import subprocess
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
+import mcp_types as types
 import pytest
 from conftest import call, eventually, free_port, inproc, make_settings, text_of, wait_listening
 from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp.shared.memory import create_client_server_memory_streams
 from npm_servers import LOOPBACK_PRELOAD, npm_bin
+
+from gateway.proxy.server import Gateway
 
 pytestmark = pytest.mark.anyio
 
@@ -129,3 +135,126 @@ async def test_filesystem_server_multi_megabyte_files_are_offloaded(tmp_path: Pa
         assert busan["total"] == len([i for i in range(40000) if i % 3 == 1])
         last = (await call(session, "response_slice", {"path": rid, "json_path": "items.-1"})).structured_content
         assert last["value"]["id"] == 39999
+
+
+@asynccontextmanager
+async def everything_upstream(tmp_path: Path, transport: str):
+    """server-everything as the gateway's upstream, over stdio or Streamable HTTP: its settings table."""
+    everything = npm_bin("mcp-server-everything")
+    if transport == "stdio":
+        yield {"command": everything, "args": ["stdio"]}
+        return
+    port = free_port()
+    env = {"PORT": str(port), "NODE_OPTIONS": f"--require {LOOPBACK_PRELOAD}", "PATH": os.environ["PATH"]}
+    server = subprocess.Popen(
+        [everything, "streamableHttp"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_listening(f"http://127.0.0.1:{port}/", server)
+        yield {"url": f"http://127.0.0.1:{port}/mcp"}
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+async def _on_elicit(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+    ASKED.append("elicitation")
+    return types.ElicitResult(action="accept", content={"name": "Mina", "color": "teal", "email": "m@x.kr"})
+
+
+async def _on_sample(context: Any, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
+    ASKED.append("sampling")
+    return types.CreateMessageResult(role="assistant", content=types.TextContent(text="teal"), model="m")
+
+
+async def _on_roots(context: Any) -> types.ListRootsResult:
+    ASKED.append("roots")
+    return types.ListRootsResult(roots=[types.Root(uri="file:///srv/projects", name="projects")])
+
+
+ASKED: list[str] = []
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_everything_server_protocol_through_the_gateway(tmp_path: Path, transport: str) -> None:
+    """A handshake-era host with every client capability, through the gateway to server-everything:
+    elicitation, sampling and roots reach the host; completion, log level and log messages, and resource
+    subscriptions with their updates pass through."""
+    ASKED.clear()
+    logs: list[types.LoggingMessageNotificationParams] = []
+    updates: list[str] = []
+
+    async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+        logs.append(params)
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ResourceUpdatedNotification):
+            updates.append(str(message.params.uri))
+
+    async with everything_upstream(tmp_path, transport) as table:
+        gateway = Gateway(make_settings(tmp_path, {"ev": table}), plugins=[])
+        async with gateway.running(), create_client_server_memory_streams() as (client_streams, server_streams):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(gateway.server.run, *server_streams, gateway.server.create_initialization_options())
+                async with ClientSession(
+                    *client_streams,
+                    elicitation_callback=_on_elicit,
+                    sampling_callback=_on_sample,
+                    list_roots_callback=_on_roots,
+                    logging_callback=on_log,
+                    message_handler=on_message,
+                ) as session:
+                    await session.initialize()
+                    await gateway.wait_ready()
+                    assert "✅" in text_of(await call(session, "ev__trigger-elicitation-request"))
+                    assert '"text": "teal"' in text_of(
+                        await call(session, "ev__trigger-sampling-request", {"prompt": "colour?"})
+                    )
+                    assert "projects" in text_of(await call(session, "ev__get-roots-list"))
+                    assert ASKED[:3] == ["elicitation", "sampling", "roots"]
+                    done = await session.complete(
+                        types.PromptReference(name="ev__completable-prompt"), {"name": "department", "value": ""}
+                    )
+                    assert done.completion.values
+                    await session.set_logging_level("debug")
+                    await call(session, "ev__toggle-simulated-logging")
+                    await eventually(lambda: any((m.logger or "").startswith("ev") for m in logs), 20, "a log message")
+                    await call(session, "ev__toggle-simulated-logging")
+                    uri = "ev+demo://resource/static/document/architecture.md"
+                    await session.subscribe_resource(uri)
+                    await call(session, "ev__toggle-subscriber-updates")
+                    await eventually(lambda: uri in updates, 20, "a resource update")
+                    await call(session, "ev__toggle-subscriber-updates")
+                    await session.unsubscribe_resource(uri)
+                    assert uri not in gateway.subscribers
+                tg.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_everything_server_questions_reach_a_2026_host(tmp_path: Path, transport: str) -> None:
+    """The same questions from server-everything reach a 2026-era host as input_required rounds."""
+    from mcp import Client
+
+    ASKED.clear()
+    async with everything_upstream(tmp_path, transport) as table:
+        gateway = Gateway(make_settings(tmp_path, {"ev": table}), plugins=[])
+        async with (
+            gateway.running(),
+            Client(
+                gateway.server,
+                elicitation_callback=_on_elicit,
+                sampling_callback=_on_sample,
+                list_roots_callback=_on_roots,
+            ) as client,
+        ):
+            assert client.protocol_version == "2026-07-28"
+            await gateway.wait_ready()
+            assert "✅" in text_of(await client.call_tool("ev__trigger-elicitation-request", {}))
+            sampled = text_of(await client.call_tool("ev__trigger-sampling-request", {"prompt": "colour?"}))
+            assert '"text": "teal"' in sampled
+            assert "projects" in text_of(await client.call_tool("ev__get-roots-list", {}))
+            assert ASKED[:3] == ["elicitation", "sampling", "roots"]
