@@ -58,19 +58,8 @@ async def test_everything_over_stdio_matches_direct(tmp_path: Path) -> None:
 
 
 async def test_everything_over_streamable_http(tmp_path: Path) -> None:
-    everything = npm_bin("mcp-server-everything")
-    port = free_port()
-    env = {"PORT": str(port), "NODE_OPTIONS": f"--require {LOOPBACK_PRELOAD}", "PATH": os.environ["PATH"]}
-    server = subprocess.Popen(
-        [everything, "streamableHttp"],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_listening(f"http://127.0.0.1:{port}/", server)
-        settings = make_settings(tmp_path, {"ev": {"url": f"http://127.0.0.1:{port}/mcp"}})
+    async with everything_upstream(tmp_path, "http") as table:
+        settings = make_settings(tmp_path, {"ev": table})
         async with inproc(settings) as (gateway, session):
             assert gateway.upstreams["ev"].state == "ok" or await _wait_ok(gateway)
             names = {t.name for t in (await session.list_tools()).tools}
@@ -78,9 +67,6 @@ async def test_everything_over_streamable_http(tmp_path: Path) -> None:
             assert text_of(await call(session, "ev__echo", {"message": "over http"})) == "Echo: over http"
             total = await call(session, "ev__get-sum", {"a": 1, "b": 2})
             assert "3" in text_of(total)
-    finally:
-        server.terminate()
-        server.wait(10)
 
 
 async def _wait_ok(gateway) -> bool:
