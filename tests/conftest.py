@@ -6,8 +6,8 @@ import json
 import os
 import socket
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -179,3 +179,35 @@ def wait_listening(url: str, proc: Any = None, seconds: float = 20) -> None:
                 raise AssertionError(f"server exited with {proc.returncode}") from None
             time.sleep(0.1)
     raise AssertionError(f"nothing answered at {url} within {seconds} s")
+
+
+@contextmanager
+def serving(argv: list[str], ready_url: str, env: dict[str, str], stderr: Any = None) -> Iterator[Any]:
+    """A server process until the block ends: started, waited for until `ready_url` answers, stopped."""
+    import subprocess
+
+    proc = subprocess.Popen(
+        argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr or subprocess.DEVNULL
+    )
+    try:
+        wait_listening(ready_url, proc)
+        yield proc
+    finally:
+        proc.terminate()
+        proc.wait(15)
+
+
+@contextmanager
+def http_gateway(
+    tmp_path: Path,
+    *extra: str,
+    servers: dict[str, dict[str, Any]] | None = None,
+    host: str = "127.0.0.1",
+    env: dict[str, str] | None = None,
+) -> Iterator[str]:
+    """A gateway process serving Streamable HTTP (the probe server behind it unless `servers`): its URL."""
+    port = free_port()
+    cfg = write_config(tmp_path, servers if servers is not None else {"p": probe("p")})
+    argv = [PY, "-m", "gateway", "--config", str(cfg), "--transport", "http", "--host", host, "--port", str(port)]
+    with serving([*argv, *extra], f"http://{host}:{port}/nothing", gateway_env(**(env or {}))):
+        yield f"http://{host}:{port}/mcp"

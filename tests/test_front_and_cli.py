@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import json
 import subprocess
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx2
 import mcp_types as types
 import pytest
-from conftest import PY, eventually, free_port, gateway_env, probe, run_cli, text_of, wait_listening, write_config
+from conftest import (
+    PY,
+    eventually,
+    free_port,
+    gateway_env,
+    http_gateway,
+    probe,
+    run_cli,
+    text_of,
+    wait_listening,
+    write_config,
+)
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
@@ -25,22 +35,6 @@ INIT = {
     "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
 }
 JSON_HEADERS = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
-
-
-@contextmanager
-def http_gateway(tmp_path: Path, *extra: str, host: str = "127.0.0.1", env: dict[str, str] | None = None):
-    port = free_port()
-    cfg = write_config(tmp_path, {"p": probe("p")})
-    cmd = [PY, "-m", "gateway", "--config", str(cfg), "--transport", "http", "--host", host, "--port", str(port)]
-    proc = subprocess.Popen(
-        [*cmd, *extra], stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, env=gateway_env(**(env or {}))
-    )
-    try:
-        wait_listening(f"http://{host}:{port}/nothing", proc)
-        yield f"http://{host}:{port}/mcp"
-    finally:
-        proc.terminate()
-        proc.wait(15)
 
 
 async def test_http_front_serves_tools_and_progress(tmp_path: Path) -> None:

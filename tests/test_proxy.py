@@ -244,6 +244,16 @@ async def test_resources_templates_and_prompts_are_namespaced(tmp_path: Path) ->
             await session.read_resource("mem://greeting")
 
 
+async def test_a_resource_asked_by_its_own_uri(tmp_path: Path) -> None:
+    """A host that asks for a URI as the server gave it (unprefixed) reaches the one server that lists it
+    (or the only one offering resources) and gets the URI back as it asked."""
+    settings = make_settings(tmp_path, {"a": probe("a")})
+    async with inproc(settings) as (_, session):
+        read = await session.read_resource("mem://greeting")
+        assert read.contents[0].text == "hello from a" and read.contents[0].uri == "mem://greeting"
+        assert (await session.read_resource("mem://item/3")).contents[0].text == "item at mem://item/3"
+
+
 async def test_filters_env_expansion_and_unknown_tool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PROBE_SECRET", "s3cret")
     servers = {

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -11,10 +9,10 @@ from typing import Any
 import anyio
 import mcp_types as types
 import pytest
-from conftest import call, eventually, free_port, inproc, make_settings, text_of, wait_listening
+from conftest import call, eventually, inproc, make_settings, text_of
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.shared.memory import create_client_server_memory_streams
-from npm_servers import LOOPBACK_PRELOAD, npm_bin
+from npm_servers import everything_over_http, npm_bin
 
 from gateway.proxy.server import Gateway
 
@@ -126,25 +124,11 @@ async def test_filesystem_server_multi_megabyte_files_are_offloaded(tmp_path: Pa
 @asynccontextmanager
 async def everything_upstream(tmp_path: Path, transport: str):
     """server-everything as the gateway's upstream, over stdio or Streamable HTTP: its settings table."""
-    everything = npm_bin("mcp-server-everything")
     if transport == "stdio":
-        yield {"command": everything, "args": ["stdio"]}
+        yield {"command": npm_bin("mcp-server-everything"), "args": ["stdio"]}
         return
-    port = free_port()
-    env = {"PORT": str(port), "NODE_OPTIONS": f"--require {LOOPBACK_PRELOAD}", "PATH": os.environ["PATH"]}
-    server = subprocess.Popen(
-        [everything, "streamableHttp"],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_listening(f"http://127.0.0.1:{port}/", server)
-        yield {"url": f"http://127.0.0.1:{port}/mcp"}
-    finally:
-        server.terminate()
-        server.wait(10)
+    with everything_over_http() as url:
+        yield {"url": url}
 
 
 async def _on_elicit(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:

@@ -175,10 +175,16 @@ class RoutingTable:
         return out
 
     def resource_route(self, uri: str) -> Route | None:
+        """`<server>+<uri>`; or a URI as its server gave it: the one server that lists it, else the only
+        server that offers resources (a host that asks for a URI it knows, as it would directly)."""
         server, sep, rest = uri.partition(URI_SEP)
         if sep and server in self.upstreams:
             return Route(server, rest)
-        return None
+        listing = [name for name, up in self.upstreams.items() if any(str(r.uri) == uri for r in up.resources)]
+        if listing:  # listed by several servers: ambiguous, the host must name one
+            return Route(listing[0], uri) if len(listing) == 1 else None
+        offering = [name for name, up in self.upstreams.items() if up.declares("resources")]
+        return Route(offering[0], uri) if len(offering) == 1 else None
 
     # -- lookups ------------------------------------------------------------------------------
 

@@ -629,6 +629,8 @@ class Gateway:
             types.ReadResourceResult,
             f"resources/read {route.name}",
         )
+        if route.name == str(params.uri):  # asked by the server's own URI: answered the same way
+            return result
         contents = [c.model_copy(update={"uri": f"{route.server}{URI_SEP}{c.uri}"}) for c in result.contents]
         return result.model_copy(update={"contents": contents})
 
@@ -680,13 +682,19 @@ class Gateway:
                             params.level, params.data, logger=logger, related_request_id=request_id
                         )
             return
-        uri = f"{upstream.name}{URI_SEP}{message.params.uri}"
-        for sid in list(self.subscribers.get(uri, ())):
-            if (host := self.hosts.get(sid)) is not None:
-                with suppress(Exception):
-                    await host.send_resource_updated(uri)
-        with suppress(Exception):
-            await self.bus.publish(ResourceUpdated(uri))
+        raw = str(message.params.uri)
+        # under the gateway's URI, and under the server's own for hosts that subscribed by that one
+        for uri in (f"{upstream.name}{URI_SEP}{raw}", raw):
+            if uri == raw and not (
+                uri in self.subscribers and self.routing.resource_route(raw) == Route(upstream.name, raw)
+            ):
+                continue
+            for sid in list(self.subscribers.get(uri, ())):
+                if (host := self.hosts.get(sid)) is not None:
+                    with suppress(Exception):
+                        await host.send_resource_updated(uri)
+            with suppress(Exception):
+                await self.bus.publish(ResourceUpdated(uri))
 
     async def _subscribe(self, ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams) -> Any:
         """resources/subscribe, forwarded to the server that owns the resource (once per resource)."""
