@@ -304,6 +304,47 @@ async def test_2026_era_host_can_list_and_call(tmp_path: Path) -> None:
         assert "p__grown" in {t.name for t in (await client.list_tools()).tools}
 
 
+async def test_2026_replies_on_the_wire(tmp_path: Path) -> None:
+    """Raw 2026-era requests (the `_meta` envelope on each): every reply carries `resultType`, list replies
+    `ttlMs` and `cacheScope` (0 and private: the upstream sessions are handshake-era, so nothing may be
+    cached), and completion reaches the upstream without the host's envelope."""
+    from mcp.shared.memory import create_client_server_memory_streams
+    from mcp.shared.message import SessionMessage
+
+    from gateway.proxy.server import Gateway
+
+    envelope = {
+        types.PROTOCOL_VERSION_META_KEY: "2026-07-28",
+        types.CLIENT_INFO_META_KEY: {"name": "raw", "version": "1"},
+        types.CLIENT_CAPABILITIES_META_KEY: {},
+    }
+    requests = [
+        ("tools/list", {}),
+        ("tools/call", {"name": "p__echo", "arguments": {"text": "x"}}),
+        ("resources/list", {}),
+        ("prompts/get", {"name": "p__greet", "arguments": {"who": "a"}}),
+        (
+            "completion/complete",
+            {"ref": {"type": "ref/prompt", "name": "p__greet"}, "argument": {"name": "who", "value": ""}},
+        ),
+    ]
+    gateway = Gateway(make_settings(tmp_path, {"p": probe("p")}), plugins=[])
+    async with gateway.running(), create_client_server_memory_streams() as ((read, write), server_streams):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(gateway.server.run, *server_streams, gateway.server.create_initialization_options())
+            await gateway.wait_ready()
+            for i, (method, params) in enumerate(requests, 1):
+                message = types.JSONRPCRequest(jsonrpc="2.0", id=i, method=method, params={**params, "_meta": envelope})
+                await write.send(SessionMessage(message))
+                with anyio.fail_after(10):
+                    reply = (await read.receive()).message.model_dump(by_alias=True, exclude_none=True)
+                assert "result" in reply, (method, reply)
+                assert reply["result"]["resultType"] == "complete", method
+                if method.endswith("/list"):
+                    assert (reply["result"]["ttlMs"], reply["result"]["cacheScope"]) == (0, "private")
+            tg.cancel_scope.cancel()
+
+
 async def test_2026_listen_stream_watches_resources_at_their_server(tmp_path: Path) -> None:
     """A 2026-era host watching a resource through subscriptions/listen: the gateway subscribes at the
     server that owns it (the probe answers with an update at once), relays the update on the stream, and

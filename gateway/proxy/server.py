@@ -648,7 +648,9 @@ class Gateway:
         upstream = self.routing.upstream_for(route)
         if not upstream.declares("completions"):
             return types.CompleteResult(completion=types.Completion(values=[]))
-        request = types.CompleteRequest(params=params.model_copy(update={"ref": inner}))
+        # the host's `_meta` minus its 2026 envelope: the upstream session speaks its own era
+        inner_params = params.model_copy(update={"ref": inner, "meta": forwardable_meta(params.meta) or None})
+        request = types.CompleteRequest(params=inner_params)
         return await upstream.request(request, types.CompleteResult, "completion/complete")
 
     async def _set_logging_level(self, ctx: ServerRequestContext[Any], params: types.SetLevelRequestParams) -> Any:
