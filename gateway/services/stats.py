@@ -17,7 +17,7 @@ import logging
 import sqlite3
 import statistics
 import time
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ log = logging.getLogger("gateway.stats")
 
 FLUSH_SECONDS = 2.0
 MAX_PENDING = 10_000
+MAX_SESSIONS = 1024
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)  # seconds, for /metrics
 KEEP_DAYS = 90
 PERIODS = {"day": 86_400.0, "week": 7 * 86_400.0, "all": None}
@@ -117,13 +118,19 @@ class Stats:
         self.path = workspace / "stats.db"
         self.pending: list[Row] = []
         self.by_key: dict[tuple[str, str, str], Totals] = defaultdict(Totals)  # (server, tool, via), since start
-        self.by_session: dict[str, Totals] = defaultdict(Totals)
+        self.by_session: OrderedDict[str, Totals] = OrderedDict()  # the most recent MAX_SESSIONS connections
         self.latency: dict[str, list[int]] = {}  # server -> calls per bucket of BUCKETS (and one above)
         self.failing = ""  # why the last write failed (the figures in memory still count)
 
     def record(self, row: Row) -> None:
         self.by_key[(row.server, row.tool, row.via)].add(row)
-        self.by_session[row.session].add(row)
+        totals = self.by_session.get(row.session)
+        if totals is None:
+            totals = self.by_session[row.session] = Totals()
+            while len(self.by_session) > MAX_SESSIONS:  # HTTP sessions come and go: keep memory bounded
+                self.by_session.popitem(last=False)
+        self.by_session.move_to_end(row.session)
+        totals.add(row)
         if row.via != "list":
             counts = self.latency.setdefault(row.server, [0] * (len(BUCKETS) + 1))
             counts[bisect.bisect_left(BUCKETS, row.ms / 1000)] += 1

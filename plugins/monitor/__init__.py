@@ -22,6 +22,7 @@ from gateway.services.text import dumps
 from gateway.services.tokens import estimate_tokens
 
 log = logging.getLogger("plugins.monitor")
+MAX_LEDGERS = 1024
 LEDGER_SOURCE = "gateway estimate: tool traffic only"
 BRIDGE_SOURCE = "reported by the host"
 
@@ -50,7 +51,12 @@ class MonitorPlugin(Plugin):
         self.ctx = ctx
 
     def _ledger(self, session_id: str) -> Ledger:
-        return self.ledgers.setdefault(session_id, Ledger())
+        ledger = self.ledgers.get(session_id)
+        if ledger is None:
+            ledger = self.ledgers[session_id] = Ledger()
+            while len(self.ledgers) > MAX_LEDGERS:  # HTTP sessions come and go: keep the newest
+                self.ledgers.pop(next(iter(self.ledgers)))
+        return ledger
 
     def measure(self, session_id: str) -> tuple[float | None, str, int | None]:
         """(remaining % or None when the window is unknown, source, window)."""

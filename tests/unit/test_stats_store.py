@@ -61,3 +61,13 @@ def test_an_unwritable_workspace_loses_rows_not_calls(tmp_path: Path, caplog: py
         stats.flush()
     assert stats.failing and "cannot be written" in caplog.text and not stats.pending
     assert stats.by_session["s"].calls == 1  # the figures in memory still count
+
+
+def test_sessions_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway.services import stats as stats_module
+
+    monkeypatch.setattr(stats_module, "MAX_SESSIONS", 3)
+    stats = Stats(Path("/nonexistent"))
+    for sid in ("a", "b", "c", "a", "d"):  # "a" used again: "b" is the oldest
+        stats.record(row(session=sid))
+    assert list(stats.by_session) == ["c", "a", "d"] and stats.by_session["a"].calls == 2
