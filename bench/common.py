@@ -17,11 +17,13 @@ from gateway.proxy.upstream_stdio import linear_stdio_client
 
 
 @asynccontextmanager
-async def stdio_session(argv: list[str], errlog_path: Path) -> AsyncIterator[ClientSession]:
+async def stdio_session(
+    argv: list[str], errlog_path: Path, python: str = sys.executable
+) -> AsyncIterator[ClientSession]:
     """A client session to `python <argv>` over stdio (the linear-time reader, as a fast host would)."""
     with open(errlog_path, "ab") as errlog:
         async with (
-            linear_stdio_client(sys.executable, argv, None, None, errlog) as streams,
+            linear_stdio_client(python, argv, None, None, errlog) as streams,
             ClientSession(*streams) as session,
         ):
             await session.initialize()
