@@ -17,10 +17,11 @@ from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, Streamable
 from mcp.server.transport_security import TransportSecuritySettings
 
 import gateway.compat as compat
+from gateway.proxy.host_sessions import NAMESPACE_SCOPE_KEY
 from gateway.proxy.host_stdio import pipe_stdio_server
 from gateway.proxy.metrics import MetricsEndpoint
 from gateway.proxy.reload import ConfigReloader
-from gateway.proxy.server import NAMESPACE_SCOPE_KEY, Gateway
+from gateway.proxy.server import Gateway
 from gateway.settings import LOOPBACK_HOSTS, Settings
 
 log = logging.getLogger("gateway.host_transport")

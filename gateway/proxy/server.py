@@ -6,8 +6,8 @@ import base64
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager, suppress
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -18,14 +18,14 @@ import mcp_types as types
 from mcp import MCPError
 from mcp.server import NotificationOptions, Server, ServerRequestContext
 from mcp.server.session import ServerSession
-from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
-from mcp.shared.subscriptions import PromptsListChanged, ResourcesListChanged, ResourceUpdated, ToolsListChanged
-from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from mcp.shared.subscriptions import PromptsListChanged, ResourcesListChanged, ToolsListChanged
 
 from gateway.pipeline import build_pipeline
 from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall
 from gateway.proxy.catalog_mode import CatalogMode
 from gateway.proxy.exchanges import Exchange, Exchanges
+from gateway.proxy.host_sessions import client_name, is_modern, namespace_of, session_id_of
+from gateway.proxy.notices import Notices
 from gateway.proxy.reload import STOP_WAIT, Plan
 from gateway.proxy.routing import URI_SEP, Route, RoutingTable
 from gateway.proxy.upstream import Upstream
@@ -51,7 +51,6 @@ log = logging.getLogger("gateway.server")
 
 PAGE_SIZE = 100
 MAX_HOSTS = 64  # host connections remembered for list_changed pushes
-NAMESPACE_SCOPE_KEY = "mcp_context_gateway.namespace"  # set by the HTTP front's bearer check
 READY_WAIT_CAP = 30.0  # longest a tools/list waits for slow upstreams; later arrivals are pushed by list_changed
 
 
@@ -70,37 +69,6 @@ class GatewayServer(Server[Any]):
             experimental_capabilities,
             extensions,
         )
-
-
-def session_id_of(ctx: ServerRequestContext[Any]) -> str:
-    """The host connection a request came from: the HTTP session id, else one stdio host."""
-    request = ctx.request
-    if request is not None:
-        sid = request.headers.get("mcp-session-id")
-        if sid:
-            return sid
-        return "http"
-    return "stdio"
-
-
-def namespace_of(ctx: ServerRequestContext[Any]) -> str:
-    """Whose data a request may see: the name of the HTTP bearer token it carried ("" = the local user)."""
-    request = ctx.request
-    if request is None:
-        return ""
-    return str(request.scope.get(NAMESPACE_SCOPE_KEY) or "")
-
-
-def client_name(ctx: ServerRequestContext[Any]) -> str | None:
-    """The name the host gave in `clientInfo`: at `initialize`, or in each request's `_meta` (2026-07-28)."""
-    params = getattr(ctx.session, "client_params", None)
-    info = getattr(params, "client_info", None)
-    if info is not None and getattr(info, "name", None):
-        return info.name
-    raw = (ctx.params or {}).get("_meta") if isinstance(ctx.params, dict) else None
-    envelope = raw.get(types.CLIENT_INFO_META_KEY) if isinstance(raw, dict) else None
-    name = envelope.get("name") if isinstance(envelope, dict) else None
-    return name if isinstance(name, str) else None
 
 
 def forwardable_meta(meta: Any) -> dict[str, Any]:
@@ -132,11 +100,6 @@ def unencodable(value: Any, path: str = "arguments") -> str | None:
             if found := unencodable(item, f"{path}.{i}"):
                 return found
     return None
-
-
-def _modern(session: Any) -> bool:
-    """A host session of the 2026-07-28 era (request-scoped: no connection channel to push on)."""
-    return getattr(session, "protocol_version", None) in MODERN_PROTOCOL_VERSIONS
 
 
 def _page(items: Sequence[Any], cursor: str | None) -> tuple[list[Any], str | None]:
@@ -182,10 +145,11 @@ class Gateway:
         self.local_tools: dict[str, PluginTool] = {}  # every tool the gateway answers itself: one dispatch
         self._collect_tools()
         self.hosts: OrderedDict[str, ServerSession] = OrderedDict()
-        self.bus = InMemorySubscriptionBus()
-        self._listen_handler = ListenHandler(self.bus)
+        self.notices = Notices(
+            self.routing, self.hosts, self._remember_host, self._after_start, self.wait_ready, self._spawn
+        )
+        self.subscribers = self.notices.subscribers
         self.exchanges = Exchanges()  # 2026 hosts' calls that an upstream interrupted with a question
-        self.subscribers: dict[str, set[str]] = {}  # gateway resource URI -> host sessions subscribed to it
         self._listed: tuple[Any, ...] = ()
         self.server = self._build_server()
 
@@ -196,9 +160,15 @@ class Gateway:
             self.settings.gateway.workspace / "logs",
             on_change=self._upstream_changed,
             spiller=self.spiller,
-            on_notice=self._relay,
-            roots_host=self._roots_host,
+            # the notices room is made after the upstreams (it needs the routing table over them)
+            on_notice=lambda upstream, message: self.notices.relay(upstream, message),
+            roots_host=lambda: self.notices.roots_host(),
         )
+
+    def _spawn(self, task: Callable[[], Awaitable[None]]) -> None:
+        """Start a task in the running gateway's task group (nothing happens when it is not running)."""
+        if self._tg is not None:
+            self._tg.start_soon(task)
 
     def _status(self, session_id: str) -> dict[str, Any]:
         """Every plugin's figures for a host connection, and its usage line (`context_status`)."""
@@ -291,8 +261,7 @@ class Gateway:
             else:
                 upstream.config = cfg
             self.upstreams[name] = upstream
-        for uri in [u for u in self.subscribers if u.partition(URI_SEP)[0] in change.removed + change.restarted]:
-            del self.subscribers[uri]  # the server that sent its updates is gone
+        self.notices.forget_servers(change.removed + change.restarted)  # the servers that sent updates are gone
         await self._upstream_changed(None)
 
     async def _after_start(self, lookup: Callable[[], Route | None]) -> Route | None:
@@ -318,23 +287,13 @@ class Gateway:
 
     # -- change propagation ---------------------------------------------------------------
 
-    def _roots_host(self) -> ServerSession | None:
-        """The most recent host connection that declared roots (asked when an upstream wants roots)."""
-        for session in reversed(self.hosts.values()):
-            if _modern(session):  # no channel for a request of ours outside its call
-                continue
-            caps = getattr(session, "client_capabilities", None)
-            if caps is not None and caps.roots is not None:
-                return session
-        return None
-
     def _remember_host(self, ctx: ServerRequestContext[Any]) -> str:
         sid = session_id_of(ctx)
         self.window.note_host(sid, client_name(ctx))
         caps = getattr(ctx.session, "client_capabilities", None)
         if self.hosts.get(sid) is not ctx.session and caps is not None and caps.roots is not None:
             # a host with roots arrived after the upstreams asked (they start first): they ask again
-            self._notify_roots_changed()
+            self.notices.roots_changed()
         self.hosts[sid] = ctx.session
         self.hosts.move_to_end(sid)
         while len(self.hosts) > MAX_HOSTS:
@@ -361,20 +320,10 @@ class Gateway:
         if before[3] != after[3]:
             await self._broadcast("prompts")
 
-    def _notify_roots_changed(self) -> None:
-        if self._tg is not None:
-            for upstream in self.upstreams.values():
-                self._tg.start_soon(upstream.roots_changed)
-
-    async def _roots_list_changed(self, ctx: ServerRequestContext[Any], params: Any) -> None:
-        """The host's roots changed: every upstream is told, and asks for them again."""
-        self._remember_host(ctx)
-        self._notify_roots_changed()
-
     async def _broadcast(self, what: str) -> None:
         event = {"tools": ToolsListChanged, "resources": ResourcesListChanged, "prompts": PromptsListChanged}[what]
         try:
-            await self.bus.publish(event())
+            await self.notices.bus.publish(event())
         except Exception:
             log.exception("publishing %s change to 2026-era hosts failed", what)
         for sid, session in list(self.hosts.items()):
@@ -416,12 +365,12 @@ class Gateway:
             on_read_resource=self._read_resource,
             on_list_prompts=self._list_prompts,
             on_get_prompt=self._get_prompt,
-            on_subscriptions_listen=self._listen,
-            on_subscribe_resource=self._subscribe,
-            on_unsubscribe_resource=self._unsubscribe,
+            on_subscriptions_listen=self.notices.listen,
+            on_subscribe_resource=self.notices.subscribe,
+            on_unsubscribe_resource=self.notices.unsubscribe,
             on_completion=self._complete,
-            on_set_logging_level=self._set_logging_level,
-            on_roots_list_changed=self._roots_list_changed,
+            on_set_logging_level=self.notices.set_logging_level,
+            on_roots_list_changed=self.notices.on_roots_list_changed,
         )
         # The default OpenTelemetry middleware costs ~0.1 ms a request, measured (bench/proxy_overhead.py),
         # on a hop whose whole budget is about that; tracing stays available on the upstreams themselves.
@@ -493,7 +442,7 @@ class Gateway:
 
     async def _call_tool(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> Any:
         sid = self._remember_host(ctx)
-        if params.request_state is not None and _modern(ctx.session):  # a 2026 host answering our questions
+        if params.request_state is not None and is_modern(ctx.session):  # a 2026 host answering our questions
             return await self._resume(ctx, params)
         arguments = params.arguments if isinstance(params.arguments, dict) else {}
         call = ToolCall(
@@ -506,7 +455,7 @@ class Gateway:
             meta=forwardable_meta(params.meta),
             namespace=namespace_of(ctx),
         )
-        if _modern(ctx.session) and self._tg is not None:
+        if is_modern(ctx.session) and self._tg is not None:
             # an upstream's question cannot be sent to a 2026 host: it becomes an `input_required` answer
             exchange = self.exchanges.new(call.namespace)
             exchange.call, call.exchange = call, exchange
@@ -652,127 +601,6 @@ class Gateway:
         inner_params = params.model_copy(update={"ref": inner, "meta": forwardable_meta(params.meta) or None})
         request = types.CompleteRequest(params=inner_params)
         return await upstream.request(request, types.CompleteResult, "completion/complete")
-
-    async def _set_logging_level(self, ctx: ServerRequestContext[Any], params: types.SetLevelRequestParams) -> Any:
-        """logging/setLevel to every server that declares logging (their messages come back tagged)."""
-        self._remember_host(ctx)
-        await self.wait_ready()
-        request = types.SetLevelRequest(params=types.SetLevelRequestParams(level=params.level))
-        for upstream in self.upstreams.values():
-            if upstream.declares("logging"):
-                try:
-                    await upstream.request(request, types.EmptyResult, "logging/setLevel")
-                except MCPError as exc:
-                    log.warning("logging/setLevel to %s failed: %s", upstream.name, exc.error.message)
-        return types.EmptyResult()
-
-    async def _relay(self, upstream: Upstream, message: Any) -> None:
-        """An upstream's log message to every host (its logger named after the server); a resource update
-        to the hosts subscribed to it (handshake era) and to `subscriptions/listen` streams (2026)."""
-        if isinstance(message, types.LoggingMessageNotification):
-            params = message.params
-            logger = f"{upstream.name}/{params.logger}" if params.logger else upstream.name
-            # handshake-era hosts on their connection; a 2026 host only on the stream of a call in flight
-            # to this server, at the level that call's `_meta` asked for (its session filters by it)
-            for host in [h for h in self.hosts.values() if not _modern(h)]:
-                with suppress(Exception):  # a host that went away
-                    await host.send_log_message(params.level, params.data, logger=logger)
-            for host, request_id in upstream.hosts_in_flight():
-                if _modern(host):
-                    with suppress(Exception):
-                        await host.send_log_message(
-                            params.level, params.data, logger=logger, related_request_id=request_id
-                        )
-            return
-        raw = str(message.params.uri)
-        # under the gateway's URI, and under the server's own for hosts that subscribed by that one
-        for uri in (f"{upstream.name}{URI_SEP}{raw}", raw):
-            if uri == raw and not (
-                uri in self.subscribers and self.routing.resource_route(raw) == Route(upstream.name, raw)
-            ):
-                continue
-            for sid in list(self.subscribers.get(uri, ())):
-                if (host := self.hosts.get(sid)) is not None:
-                    with suppress(Exception):
-                        await host.send_resource_updated(uri)
-            with suppress(Exception):
-                await self.bus.publish(ResourceUpdated(uri))
-
-    async def _subscribe(self, ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams) -> Any:
-        """resources/subscribe, forwarded to the server that owns the resource (once per resource)."""
-        sid = self._remember_host(ctx)
-        route = await self._after_start(lambda: self.routing.resource_route(params.uri))
-        if route is None:
-            raise MCPError(types.INVALID_PARAMS, f"Unknown resource {params.uri!r}; list resources to see them.")
-        if not self.routing.upstream_for(route).declares("subscribe"):
-            raise MCPError(types.METHOD_NOT_FOUND, f"server '{route.server}' does not offer resource subscriptions")
-        await self._add_subscriber(params.uri, sid)
-        return types.EmptyResult()
-
-    async def _unsubscribe(self, ctx: ServerRequestContext[Any], params: types.UnsubscribeRequestParams) -> Any:
-        await self._remove_subscriber(params.uri, self._remember_host(ctx))
-        return types.EmptyResult()
-
-    async def _add_subscriber(self, uri: str, subscriber: str) -> None:
-        """`subscriber` (a host connection, or a 2026 listen stream) wants updates of `uri`: the owning
-        server is subscribed when the first one does."""
-        route = self.routing.resource_route(uri)
-        if route is None or not self.routing.upstream_for(route).declares("subscribe"):
-            return
-        subscribers = self.subscribers.setdefault(uri, set())
-        first = not subscribers
-        subscribers.add(subscriber)  # before forwarding: an update may arrive before the answer
-        if first:
-            try:
-                await self.routing.upstream_for(route).request(
-                    types.SubscribeRequest(params=types.SubscribeRequestParams(uri=route.name)),
-                    types.EmptyResult,
-                    f"resources/subscribe {route.name}",
-                )
-            except MCPError:
-                subscribers.discard(subscriber)
-                raise
-
-    async def _remove_subscriber(self, uri: str, subscriber: str) -> None:
-        """The owning server is unsubscribed when the last subscriber lets go."""
-        subscribers = self.subscribers.get(uri, set())
-        subscribers.discard(subscriber)
-        route = self.routing.resource_route(uri)
-        if not subscribers and route is not None:
-            self.subscribers.pop(uri, None)
-            upstream = self.routing.upstream_for(route)
-            if upstream.declares("subscribe"):
-                await upstream.request(
-                    types.UnsubscribeRequest(params=types.UnsubscribeRequestParams(uri=route.name)),
-                    types.EmptyResult,
-                    f"resources/unsubscribe {route.name}",
-                )
-
-    async def _listen(self, ctx: ServerRequestContext[Any], params: types.SubscriptionsListenRequestParams) -> Any:
-        """subscriptions/listen (2026): the stream is served by the SDK's handler from the bus; the
-        resources it asks to watch are subscribed at the servers that own them for as long as it lasts."""
-        uris = list(params.notifications.resource_subscriptions or ())
-        stream = f"listen:{session_id_of(ctx)}:{ctx.request_id}"
-
-        async def subscribe_all() -> None:
-            await self.wait_ready()
-            for uri in uris:
-                try:
-                    await self._add_subscriber(uri, stream)
-                except MCPError as exc:  # honored, and never fires (as for an unknown URI)
-                    log.info("listen stream: %s cannot be watched: %s", uri, exc.error.message)
-
-        if uris and self._tg is not None:
-            # runs once the handler below has joined the bus (it does so before its first await), so
-            # an update the server sends at once is not lost
-            self._tg.start_soon(subscribe_all)
-        try:
-            return await self._listen_handler(ctx, params)
-        finally:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
-                for uri in uris:
-                    with suppress(MCPError):
-                        await self._remove_subscriber(uri, stream)
 
     def _read_response(self, uri: str, namespace: str) -> types.ReadResourceResult:
         """A piece of an offloaded result (`gateway-response://resp_x?offset=N&length=M`, 64 KB by default);

@@ -1,0 +1,47 @@
+"""What a request tells about the host connection it came from."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mcp_types as types
+from mcp.server import ServerRequestContext
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+NAMESPACE_SCOPE_KEY = "mcp_context_gateway.namespace"  # set by the HTTP front's bearer check
+
+
+def session_id_of(ctx: ServerRequestContext[Any]) -> str:
+    """The host connection a request came from: the HTTP session id, else one stdio host."""
+    request = ctx.request
+    if request is not None:
+        sid = request.headers.get("mcp-session-id")
+        if sid:
+            return sid
+        return "http"
+    return "stdio"
+
+
+def namespace_of(ctx: ServerRequestContext[Any]) -> str:
+    """Whose data a request may see: the name of the HTTP bearer token it carried ("" = the local user)."""
+    request = ctx.request
+    if request is None:
+        return ""
+    return str(request.scope.get(NAMESPACE_SCOPE_KEY) or "")
+
+
+def client_name(ctx: ServerRequestContext[Any]) -> str | None:
+    """The name the host gave in `clientInfo`: at `initialize`, or in each request's `_meta` (2026-07-28)."""
+    params = getattr(ctx.session, "client_params", None)
+    info = getattr(params, "client_info", None)
+    if info is not None and getattr(info, "name", None):
+        return info.name
+    raw = (ctx.params or {}).get("_meta") if isinstance(ctx.params, dict) else None
+    envelope = raw.get(types.CLIENT_INFO_META_KEY) if isinstance(raw, dict) else None
+    name = envelope.get("name") if isinstance(envelope, dict) else None
+    return name if isinstance(name, str) else None
+
+
+def is_modern(session: Any) -> bool:
+    """A host session of the 2026-07-28 era (request-scoped: no connection channel to push on)."""
+    return getattr(session, "protocol_version", None) in MODERN_PROTOCOL_VERSIONS
