@@ -18,12 +18,16 @@ from gateway.proxy.upstream_stdio import linear_stdio_client
 
 @asynccontextmanager
 async def stdio_session(
-    argv: list[str], errlog_path: Path, python: str = sys.executable
+    argv: list[str],
+    errlog_path: Path,
+    python: str = sys.executable,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
 ) -> AsyncIterator[ClientSession]:
     """A client session to `python <argv>` over stdio (the linear-time reader, as a fast host would)."""
     with open(errlog_path, "ab") as errlog:
         async with (
-            linear_stdio_client(python, argv, None, None, errlog) as streams,
+            linear_stdio_client(python, argv, env, cwd, errlog) as streams,
             ClientSession(*streams) as session,
         ):
             await session.initialize()
