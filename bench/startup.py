@@ -29,7 +29,8 @@ async def first_list(argv: list[str], log: Path, source: str | None = None) -> f
         return time.perf_counter() - t
 
 
-async def main(runs: int, source: str | None) -> None:
+async def main(args: argparse.Namespace) -> None:
+    runs, source = args.runs, args.source
     tmp = Path(tempfile.mkdtemp(prefix="ctx-bench-startup-"))
     cfg = write_config(tmp / "g.toml", tmp / "ws", ["offload", "memory", "documents", "monitor"])
     direct, gateway = [], []
@@ -53,5 +54,4 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--source", help="a checkout to run the gateway from")
-    args = parser.parse_args()
-    anyio.run(main, args.runs, args.source)
+    anyio.run(main, parser.parse_args())
