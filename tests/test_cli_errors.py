@@ -65,7 +65,7 @@ def test_a_server_that_exits_at_once_shows_its_stderr(tmp_path: Path) -> None:
     cfg = write_config(tmp_path, {"dies": {"command": PY, "args": ["-c", script]}})
     out = run_cli("inspect", "--config", str(cfg))
     text = " ".join(out.stdout.split())
-    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "dies: failed: the server exited during start-up; its last stderr line: missing API key FOO_TOKEN" in text
 
 

@@ -109,13 +109,18 @@ async def test_tens_of_megabytes_through_stdio(tmp_path: Path) -> None:
 def test_inspect_prints_table_and_fails_on_a_broken_server(tmp_path: Path) -> None:
     cfg = write_config(tmp_path, {"good": probe("good"), "broken": probe("broken", "--fail-start")})
     out = run_cli("inspect", "--config", str(cfg))
-    assert out.returncode == 1, out.stderr
+    assert out.returncode == 2, out.stderr  # it exits at start: the setup must change
     rows = {line.split()[0]: line for line in out.stdout.splitlines() if line.strip()}
     assert rows["good"].split()[2:4] == ["ok", "15"]
     assert rows["broken"].split()[2] == "failed"  # short state in the table, the reason below it
     below = " ".join(out.stdout.split())  # long reasons are wrapped below the table
     assert "broken: failed: " in below and "failing at start on purpose" in below
     assert "Traceback" not in out.stderr and "restarting in" not in out.stderr
+    slow = write_config(
+        tmp_path, {"good": probe("good"), "slow": probe("slow", "--hang-start", init_timeout_seconds=1)}
+    )
+    timed_out = run_cli("inspect", "--config", str(slow))
+    assert timed_out.returncode == 1 and "did not finish initialize" in " ".join(timed_out.stdout.split())
     cfg_ok = write_config(tmp_path, {"good": probe("good")})
     ok = run_cli("inspect", "--config", str(cfg_ok))
     assert ok.returncode == 0, ok.stdout + ok.stderr

@@ -1,7 +1,7 @@
 """`inspect`: start every upstream, report state and what the host would receive.
 
-Exit status: 0 every server is up; 1 a server failed to start (or a tool was left out); 2 the setup is
-wrong (a command not on PATH), as for a config error.
+Exit status: 0 every server is up; 1 a server failed to start otherwise (or a tool was left out); 2 the
+setup is wrong (a command not on PATH, a server that exits at once), as for a config error.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import anyio
 
 from gateway.cli.table import table
 from gateway.proxy.server import Gateway
+from gateway.proxy.upstream import EXITED_AT_START
 from gateway.services.costs import definition_tokens
 from gateway.settings import Settings
 
@@ -45,7 +46,9 @@ async def inspect_report(settings: Settings) -> tuple[str, int]:
             if up.state != "ok":
                 reason = up.error or "no answer yet"
                 problem = up.config.command_problem()
-                status = max(status, 2 if problem else 1)
+                # 2: the setup must change (a command not on PATH, a server that exits at once: a missing
+                # key or argument); 1: the server failed otherwise (timed out, refused, went away)
+                status = max(status, 2 if problem or reason.startswith(EXITED_AT_START) else 1)
                 log_hint = ""
                 if up.transport == "stdio" and up.log_path.is_file() and up.log_path.stat().st_size:
                     log_hint = f" (full log: {up.log_path})"

@@ -40,6 +40,7 @@ LOG_ROTATE_BYTES = 10 * 1024 * 1024
 CLIENT_INFO = types.Implementation(name="mcp-context-gateway", version="0.1.0")
 
 PROCESS_EXITED = "the server process exited or closed its stdout"
+EXITED_AT_START = "the server exited during start-up"
 State = Literal["starting", "ok", "failed", "stopped"]
 
 
@@ -164,7 +165,7 @@ class Upstream:
                 break
             exited = reason.lower() in ("connection closed", PROCESS_EXITED)  # not a timeout or a refusal
             if self.state == "starting" and self.transport == "stdio" and exited:
-                reason = "the server exited during start-up"  # before it answered initialize
+                reason = EXITED_AT_START  # before it answered initialize
             if tail := self._stderr_tail():
                 reason = f"{reason}; its last stderr line: {tail}"
             if time.monotonic() - began > HEALTHY_AFTER:
