@@ -101,17 +101,19 @@ class Notes:
 
 @asynccontextmanager
 async def inproc(
-    settings: Settings, notes: Notes | None = None, plugins: Any = None, client_name: str = "mcp"
+    settings: Settings, notes: Any = None, plugins: Any = None, client_name: str = "mcp", **host: Any
 ) -> AsyncIterator[tuple[Gateway, ClientSession]]:
     """The gateway's front server in this process, over memory streams; upstreams are real processes.
-    The host introduces itself as `client_name` (the SDK's own default is "mcp", a host nobody knows)."""
+    The host introduces itself as `client_name` (the SDK's own default is "mcp", a host nobody knows);
+    `host` are its callbacks (`elicitation_callback`, `sampling_callback`, `list_roots_callback`, ...),
+    which also declare what it can answer."""
     gateway = Gateway(settings, plugins=plugins)
     try:
         async with gateway.running(), create_client_server_memory_streams() as (client_streams, server_streams):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(gateway.server.run, *server_streams, gateway.server.create_initialization_options())
                 info = types.Implementation(name=client_name, version="1.0")
-                async with ClientSession(*client_streams, message_handler=notes, client_info=info) as session:
+                async with ClientSession(*client_streams, message_handler=notes, client_info=info, **host) as session:
                     await session.initialize()
                     yield gateway, session
                 tg.cancel_scope.cancel()

@@ -533,19 +533,9 @@ async def test_upstream_elicitation_reaches_the_host_that_made_the_call(tmp_path
         return types.ElicitResult(action="accept", content={"name": "Mina"})
 
     settings = make_settings(tmp_path, {"p": probe("p", timeout_seconds=1)})
-    from mcp.shared.memory import create_client_server_memory_streams
-
-    from gateway.proxy.server import Gateway
-
-    gateway = Gateway(settings, plugins=[])
-    async with gateway.running(), create_client_server_memory_streams() as (client_streams, server_streams):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(gateway.server.run, *server_streams, gateway.server.create_initialization_options())
-            async with ClientSession(*client_streams, elicitation_callback=on_elicit) as session:
-                await session.initialize()
-                assert text_of(await call(session, "p__ask")) == "accept:Mina"
-                assert asked == ["What is your name?"]
-            tg.cancel_scope.cancel()
+    async with inproc(settings, elicitation_callback=on_elicit) as (_, session):
+        assert text_of(await call(session, "p__ask")) == "accept:Mina"
+        assert asked == ["What is your name?"]
     # a host that cannot answer elicitation: the upstream is told no, nothing hangs
     async with inproc(settings) as (_, session):
         assert text_of(await call(session, "p__ask")) == "decline:"
@@ -562,19 +552,9 @@ async def test_upstream_sampling_reaches_the_host_that_made_the_call(tmp_path: P
         return types.CreateMessageResult(role="assistant", content=types.TextContent(text="teal"), model="m")
 
     settings = make_settings(tmp_path, {"p": probe("p", timeout_seconds=1)})
-    from mcp.shared.memory import create_client_server_memory_streams
-
-    from gateway.proxy.server import Gateway
-
-    gateway = Gateway(settings, plugins=[])
-    async with gateway.running(), create_client_server_memory_streams() as (client_streams, server_streams):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(gateway.server.run, *server_streams, gateway.server.create_initialization_options())
-            async with ClientSession(*client_streams, sampling_callback=on_sample) as session:
-                await session.initialize()
-                assert text_of(await call(session, "p__ask", {"via": "sampling"})) == "sampled:teal"
-                assert asked == ["Name a colour."]
-            tg.cancel_scope.cancel()
+    async with inproc(settings, sampling_callback=on_sample) as (_, session):
+        assert text_of(await call(session, "p__ask", {"via": "sampling"})) == "sampled:teal"
+        assert asked == ["Name a colour."]
     async with inproc(settings) as (_, session):
         refused = text_of(await call(session, "p__ask", {"via": "sampling"}))
         assert refused.startswith("refused:") and "does not offer it" in refused

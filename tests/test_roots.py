@@ -9,10 +9,7 @@ import mcp_types as types
 import pytest
 from conftest import call, inproc, make_settings, text_of
 from mcp import ClientSession
-from mcp.shared.memory import create_client_server_memory_streams
 from npm_servers import npm_bin
-
-from gateway.proxy.server import Gateway
 
 pytestmark = [pytest.mark.anyio, pytest.mark.npm]
 
@@ -34,22 +31,16 @@ async def test_the_hosts_roots_reach_the_filesystem_server(tmp_path: Path) -> No
     async def list_roots(context: object) -> types.ListRootsResult:
         return types.ListRootsResult(roots=[types.Root(uri=p.resolve().as_uri(), name=p.name) for p in roots])
 
-    gateway = Gateway(settings, plugins=[])
-    async with gateway.running(), create_client_server_memory_streams() as (client_streams, server_streams):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(gateway.server.run, *server_streams, gateway.server.create_initialization_options())
-            async with ClientSession(*client_streams, list_roots_callback=list_roots) as session:
-                await session.initialize()
-                with anyio.fail_after(20):
-                    while str(a.resolve()) not in await allowed(session):
-                        await anyio.sleep(0.1)
-                assert str(b.resolve()) not in await allowed(session)
-                roots[:] = [c]
-                await session.send_roots_list_changed()
-                with anyio.fail_after(20):
-                    while str(c.resolve()) not in await allowed(session):
-                        await anyio.sleep(0.1)
-            tg.cancel_scope.cancel()
+    async with inproc(settings, list_roots_callback=list_roots) as (_, session):
+        with anyio.fail_after(20):
+            while str(a.resolve()) not in await allowed(session):
+                await anyio.sleep(0.1)
+        assert str(b.resolve()) not in await allowed(session)
+        roots[:] = [c]
+        await session.send_roots_list_changed()
+        with anyio.fail_after(20):
+            while str(c.resolve()) not in await allowed(session):
+                await anyio.sleep(0.1)
     async with inproc(settings) as (_, session):  # a host without roots: the server keeps its own folder
         text = await allowed(session)
         assert str(b.resolve()) in text and str(a.resolve()) not in text

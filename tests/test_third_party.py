@@ -11,7 +11,6 @@ import mcp_types as types
 import pytest
 from conftest import call, eventually, inproc, make_settings, text_of
 from mcp import ClientSession, StdioServerParameters, stdio_client
-from mcp.shared.memory import create_client_server_memory_streams
 from npm_servers import everything_over_http, npm_bin
 
 from gateway.proxy.server import Gateway
@@ -147,6 +146,7 @@ async def _on_roots(context: Any) -> types.ListRootsResult:
 
 
 ASKED: list[str] = []
+HOST = {"elicitation_callback": _on_elicit, "sampling_callback": _on_sample, "list_roots_callback": _on_roots}
 
 
 @pytest.mark.parametrize("transport", ["stdio", "http"])
@@ -166,42 +166,30 @@ async def test_everything_server_protocol_through_the_gateway(tmp_path: Path, tr
             updates.append(str(message.params.uri))
 
     async with everything_upstream(tmp_path, transport) as table:
-        gateway = Gateway(make_settings(tmp_path, {"ev": table}), plugins=[])
-        async with gateway.running(), create_client_server_memory_streams() as (client_streams, server_streams):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(gateway.server.run, *server_streams, gateway.server.create_initialization_options())
-                async with ClientSession(
-                    *client_streams,
-                    elicitation_callback=_on_elicit,
-                    sampling_callback=_on_sample,
-                    list_roots_callback=_on_roots,
-                    logging_callback=on_log,
-                    message_handler=on_message,
-                ) as session:
-                    await session.initialize()
-                    await gateway.wait_ready()
-                    assert "✅" in text_of(await call(session, "ev__trigger-elicitation-request"))
-                    assert '"text": "teal"' in text_of(
-                        await call(session, "ev__trigger-sampling-request", {"prompt": "colour?"})
-                    )
-                    assert "projects" in text_of(await call(session, "ev__get-roots-list"))
-                    assert ASKED[:3] == ["elicitation", "sampling", "roots"]
-                    done = await session.complete(
-                        types.PromptReference(name="ev__completable-prompt"), {"name": "department", "value": ""}
-                    )
-                    assert done.completion.values
-                    await session.set_logging_level("debug")
-                    await call(session, "ev__toggle-simulated-logging")
-                    await eventually(lambda: any((m.logger or "").startswith("ev") for m in logs), 20, "a log message")
-                    await call(session, "ev__toggle-simulated-logging")
-                    uri = "ev+demo://resource/static/document/architecture.md"
-                    await session.subscribe_resource(uri)
-                    await call(session, "ev__toggle-subscriber-updates")
-                    await eventually(lambda: uri in updates, 20, "a resource update")
-                    await call(session, "ev__toggle-subscriber-updates")
-                    await session.unsubscribe_resource(uri)
-                    assert uri not in gateway.subscribers
-                tg.cancel_scope.cancel()
+        settings = make_settings(tmp_path, {"ev": table})
+        async with inproc(settings, notes=on_message, logging_callback=on_log, **HOST) as (gateway, session):
+            await gateway.wait_ready()
+            assert "✅" in text_of(await call(session, "ev__trigger-elicitation-request"))
+            assert '"text": "teal"' in text_of(
+                await call(session, "ev__trigger-sampling-request", {"prompt": "colour?"})
+            )
+            assert "projects" in text_of(await call(session, "ev__get-roots-list"))
+            assert ASKED[:3] == ["elicitation", "sampling", "roots"]
+            done = await session.complete(
+                types.PromptReference(name="ev__completable-prompt"), {"name": "department", "value": ""}
+            )
+            assert done.completion.values
+            await session.set_logging_level("debug")
+            await call(session, "ev__toggle-simulated-logging")
+            await eventually(lambda: any((m.logger or "").startswith("ev") for m in logs), 20, "a log message")
+            await call(session, "ev__toggle-simulated-logging")
+            uri = "ev+demo://resource/static/document/architecture.md"
+            await session.subscribe_resource(uri)
+            await call(session, "ev__toggle-subscriber-updates")
+            await eventually(lambda: uri in updates, 20, "a resource update")
+            await call(session, "ev__toggle-subscriber-updates")
+            await session.unsubscribe_resource(uri)
+            assert uri not in gateway.subscribers
 
 
 @pytest.mark.parametrize("transport", ["stdio", "http"])
@@ -214,12 +202,7 @@ async def test_everything_server_questions_reach_a_2026_host(tmp_path: Path, tra
         gateway = Gateway(make_settings(tmp_path, {"ev": table}), plugins=[])
         async with (
             gateway.running(),
-            Client(
-                gateway.server,
-                elicitation_callback=_on_elicit,
-                sampling_callback=_on_sample,
-                list_roots_callback=_on_roots,
-            ) as client,
+            Client(gateway.server, **HOST) as client,
         ):
             assert client.protocol_version == "2026-07-28"
             await gateway.wait_ready()
