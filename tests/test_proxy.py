@@ -366,7 +366,7 @@ async def test_2026_listen_stream_watches_resources_at_their_server(tmp_path: Pa
         with anyio.fail_after(10):
             while json.loads((await client.read_resource(uri)).contents[0].text):
                 await anyio.sleep(0.05)
-        assert uri not in gateway.subscribers
+        assert uri not in gateway.notices.subscribers
 
 
 async def test_2026_log_level_per_request(tmp_path: Path) -> None:

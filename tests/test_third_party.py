@@ -189,7 +189,7 @@ async def test_everything_server_protocol_through_the_gateway(tmp_path: Path, tr
             await eventually(lambda: uri in updates, 20, "a resource update")
             await call(session, "ev__toggle-subscriber-updates")
             await session.unsubscribe_resource(uri)
-            assert uri not in gateway.subscribers
+            assert uri not in gateway.notices.subscribers
 
 
 @pytest.mark.parametrize("transport", ["stdio", "http"])

@@ -107,11 +107,10 @@ class Notices:
             return
         raw = str(message.params.uri)
         # under the gateway's URI, and under the server's own for hosts that subscribed by that one
-        for uri in (f"{upstream.name}{URI_SEP}{raw}", raw):
-            if uri == raw and not (
-                uri in self.subscribers and self.routing.resource_route(raw) == Route(upstream.name, raw)
-            ):
-                continue
+        uris = [f"{upstream.name}{URI_SEP}{raw}"]
+        if raw in self.subscribers and self.routing.resource_route(raw) == Route(upstream.name, raw):
+            uris.append(raw)
+        for uri in uris:
             for sid in list(self.subscribers.get(uri, ())):
                 if (host := self.hosts.get(sid)) is not None:
                     with suppress(Exception):

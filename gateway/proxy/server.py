@@ -148,7 +148,6 @@ class Gateway:
         self.notices = Notices(
             self.routing, self.hosts, self._remember_host, self._after_start, self.wait_ready, self._spawn
         )
-        self.subscribers = self.notices.subscribers
         self.exchanges = Exchanges()  # 2026 hosts' calls that an upstream interrupted with a question
         self._listed: tuple[Any, ...] = ()
         self.server = self._build_server()

@@ -9,8 +9,8 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -56,13 +56,19 @@ class _InFlight:
     timeout: float
     exchange: Any = None  # a 2026 host: its questions go out as `input_required` (proxy/exchanges.py)
 
-    async def ask_by_exchange(self, request: Any) -> Any:
-        """Put an upstream's question to a 2026 host through the exchange, the call's clock paused."""
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """The call's clock stopped while the host (a user, a model) answers an upstream's question."""
         self.scope.deadline = math.inf
         try:
-            return await self.exchange.ask(request)
+            yield
         finally:
             self.scope.deadline = anyio.current_time() + self.timeout
+
+    async def ask_by_exchange(self, request: Any) -> Any:
+        """Put an upstream's question to a 2026 host through the exchange, the call's clock paused."""
+        with self.paused():
+            return await self.exchange.ask(request)
 
 
 def _not_answered(what: str) -> types.ErrorData:
@@ -407,20 +413,18 @@ class Upstream:
         caps = getattr(flight.host_session, "client_capabilities", None) if flight else None
         if flight is None or caps is None or caps.elicitation is None:
             return types.ElicitResult(action="decline")
-        flight.scope.deadline = math.inf
         try:
-            if isinstance(params, types.ElicitRequestURLParams):
-                return await flight.host_session.elicit_url(
-                    params.message, params.url, params.elicitation_id, related_request_id=flight.request_id
+            with flight.paused():
+                if isinstance(params, types.ElicitRequestURLParams):
+                    return await flight.host_session.elicit_url(
+                        params.message, params.url, params.elicitation_id, related_request_id=flight.request_id
+                    )
+                return await flight.host_session.elicit_form(
+                    params.message, params.requested_schema, related_request_id=flight.request_id
                 )
-            return await flight.host_session.elicit_form(
-                params.message, params.requested_schema, related_request_id=flight.request_id
-            )
         except Exception as exc:  # the host cannot be asked (no back-channel, gone): the upstream hears no
             log.info("upstream %s: elicitation not forwarded: %s", self.name, describe(exc))
             return types.ElicitResult(action="decline")
-        finally:
-            flight.scope.deadline = anyio.current_time() + flight.timeout
 
     async def _on_sampling(self, context: Any, params: types.CreateMessageRequestParams) -> Any:
         """An upstream asks for an LLM completion during a call: ask the host that made the call (its
@@ -436,20 +440,9 @@ class Upstream:
                 code=types.INVALID_REQUEST,
                 message="sampling is not available: the host using this gateway does not offer it",
             )
-        flight.scope.deadline = math.inf
-        try:
-            return await flight.host_session.send_request(
-                types.CreateMessageRequest(params=params),
-                types.CreateMessageResult,
-                metadata=ServerMessageMetadata(related_request_id=flight.request_id),
-            )
-        except MCPError as exc:
-            return exc.error
-        except Exception as exc:
-            log.info("upstream %s: sampling not forwarded: %s", self.name, describe(exc))
-            return types.ErrorData(code=types.INTERNAL_ERROR, message=f"sampling failed: {describe(exc)}")
-        finally:
-            flight.scope.deadline = anyio.current_time() + flight.timeout
+        with flight.paused():
+            request = types.CreateMessageRequest(params=params)
+            return await self._send_to_host(flight.host_session, request, types.CreateMessageResult, "sampling", flight)
 
     async def _on_roots(self, context: Any) -> Any:
         """roots/list from the upstream: the host that made the call in flight, if any; else (servers ask
@@ -465,18 +458,32 @@ class Upstream:
             return types.ErrorData(
                 code=types.INVALID_REQUEST, message="roots are not available: the host using this gateway has none"
             )
+        return await self._send_to_host(host, types.ListRootsRequest(), types.ListRootsResult, "roots/list", flight, 30)
+
+    async def _send_to_host(
+        self,
+        host: Any,
+        request: Any,
+        result_type: type[Any],
+        what: str,
+        flight: _InFlight | None,
+        limit: float | None = None,
+    ) -> Any:
+        """An upstream's request sent on to a host (on the stream of the call in flight, if any); its error,
+        or the failure to reach the host (gone, or not answering within `limit` seconds), as an error the
+        upstream can read."""
         try:
-            with anyio.fail_after(30):
+            with anyio.fail_after(limit):
                 return await host.send_request(
-                    types.ListRootsRequest(),
-                    types.ListRootsResult,
+                    request,
+                    result_type,
                     metadata=ServerMessageMetadata(related_request_id=flight.request_id) if flight else None,
                 )
         except MCPError as exc:
             return exc.error
-        except Exception as exc:  # the host went away, or did not answer
-            log.info("upstream %s: roots/list not forwarded: %s", self.name, describe(exc))
-            return types.ErrorData(code=types.INTERNAL_ERROR, message=f"roots/list failed: {describe(exc)}")
+        except Exception as exc:
+            log.info("upstream %s: %s not forwarded: %s", self.name, what, describe(exc))
+            return types.ErrorData(code=types.INTERNAL_ERROR, message=f"{what} failed: {describe(exc)}")
 
     def hosts_in_flight(self) -> list[tuple[Any, Any]]:
         """(host session, request id) of the calls to this upstream still running."""
