@@ -148,8 +148,7 @@ class ServerConfig(BaseModel):
             found = shutil.which(command, path=search)
         if found:
             return None
-        base = os.path.basename(command).lower().removesuffix(".exe").removesuffix(".cmd")
-        hint = LAUNCHER_HINTS.get(base, "install it, or give its absolute path")
+        hint = LAUNCHER_HINTS.get(program_name(command), "install it, or give its absolute path")
         return (
             f"command not found: {command} ({hint}; hosts start the gateway with their own PATH, so an absolute "
             "path is safest)"
@@ -169,11 +168,15 @@ class ServerConfig(BaseModel):
         )
 
 
+def program_name(command: str) -> str:
+    """`/usr/bin/Python3.exe` -> `python3`: the program a command runs, as the hints know it."""
+    return os.path.basename(command).lower().removesuffix(".exe").removesuffix(".cmd")
+
+
 def _missing_script(cfg: ServerConfig) -> str | None:
     """`python server.py` / `node build/index.js` with a relative script that does not exist: hosts start
     the gateway in a folder of their own, so relative paths rarely point where the user meant."""
-    base = os.path.basename(cfg.command).lower().removesuffix(".exe")
-    if not SCRIPT_RUNNERS.match(base):
+    if not SCRIPT_RUNNERS.match(program_name(cfg.command)):
         return None
     script = next((a for a in cfg.args if not a.startswith("-")), "")
     if not script.endswith(SCRIPT_SUFFIXES) or "${" in script or os.path.isabs(os.path.expanduser(script)):
