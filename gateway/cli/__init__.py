@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="command")
     specs = {
         "serve": "run the gateway for a host (the default; stdio unless --transport http)",
-        "inspect": "start every server once and print what the host would receive (exit 1: a server failed)",
+        "inspect": "start every server once and print what the host would receive (exit 1 or 2: a server failed)",
         "demo": "run the gateway as a host would and show an oversized result offloaded",
         "stats": "what passed through the gateway and the tokens it kept out of the window",
         "clean": "remove every offloaded response file",
@@ -176,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_hook(statusline_mode=args.statusline)
         settings = _settings(args)
-        if args.command == "demo" and args.workspace is None:  # never the user's real sessions
+        temporary = args.command == "demo" and args.workspace is None  # never the user's real sessions
+        if temporary:
             import tempfile
 
             settings.gateway.workspace = Path(tempfile.mkdtemp(prefix="mcp-context-gateway-demo-"))
@@ -193,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "demo":
             from gateway.cli.demo import cmd_demo
 
-            return cmd_demo(settings)
+            return cmd_demo(settings, temporary)
         if args.command == "stats":
             from gateway.cli.stats import cmd_stats
 

@@ -41,7 +41,7 @@ def _gateway_argv(settings: Settings) -> list[str]:
     return [*argv, "--workspace", str(settings.gateway.workspace)]
 
 
-async def run_demo(settings: Settings) -> int:
+async def run_demo(settings: Settings, temporary: bool = False) -> int:
     where = settings.config_path or "(no config file)"
     print(
         f"mcp-context-gateway demo — the gateway runs as a host would start it (stdio child process)\n  config: {where}"
@@ -79,7 +79,6 @@ async def run_demo(settings: Settings) -> int:
                 return 0 if not missing else 1
             await _demo_calls(session, sep)
     where = settings.gateway.workspace
-    temporary = where.name.startswith("mcp-context-gateway-demo-")
     print(
         f"  workspace: {where}" + (" (a temporary folder; --workspace DIR uses one of your own)" if temporary else "")
     )
@@ -144,7 +143,8 @@ async def _demo_calls(session: ClientSession, sep: str) -> None:
             )
 
 
-def cmd_demo(settings: Settings) -> int:
+def cmd_demo(settings: Settings, temporary: bool = False) -> int:
+    """`temporary`: the workspace is a folder made for this run (no --workspace given)."""
     import anyio
 
-    return anyio.run(run_demo, settings)
+    return anyio.run(run_demo, settings, temporary)
