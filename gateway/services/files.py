@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from pathlib import Path
@@ -109,3 +110,13 @@ class VersionedCache(Generic[T]):
     def clear(self) -> None:
         with self._lock:
             self._items.clear()
+
+
+def move_aside(path: Path) -> Path:
+    """A damaged SQLite file (and its WAL and shared-memory files) renamed out of the way, kept for a look."""
+    target = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
+    for suffix in ("", "-wal", "-shm"):
+        part = path.with_name(path.name + suffix)
+        if part.exists():
+            part.replace(target.with_name(target.name + suffix))
+    return target

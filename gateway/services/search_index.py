@@ -12,11 +12,11 @@ import logging
 import re
 import sqlite3
 import threading
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gateway.services.files import move_aside
 from gateway.services.text import CJK_CLASS
 
 log = logging.getLogger("gateway.search_index")
@@ -100,16 +100,6 @@ def match_expression(terms: Sequence[str]) -> str:
     return " OR ".join(quoted)
 
 
-def _move_aside(path: Path) -> Path:
-    """A damaged database file (and its WAL) renamed out of the way, kept for a look."""
-    target = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
-    for suffix in ("", "-wal", "-shm"):
-        part = path.with_name(path.name + suffix)
-        if part.exists():
-            part.replace(target.with_name(target.name + suffix))
-    return target
-
-
 @dataclass
 class Hit:
     key: str
@@ -132,7 +122,7 @@ class SearchIndex:
         except sqlite3.DatabaseError as exc:
             if not isinstance(path, Path):
                 raise
-            self.recovered_from = _move_aside(path)
+            self.recovered_from = move_aside(path)
             log.warning(
                 "%s could not be opened (%s): moved to %s and started afresh", path, exc, self.recovered_from.name
             )

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gateway.services.files import move_aside
+
 log = logging.getLogger("gateway.stats")
 
 FLUSH_SECONDS = 2.0
@@ -147,9 +149,8 @@ class Stats:
             except sqlite3.DatabaseError as exc:
                 if not damaged(exc):
                     raise
-                aside = self.path.with_name(self.path.name + ".damaged")
-                log.warning("%s is damaged (%s): moved to %s, a new one is started", self.path, exc, aside)
-                self.path.replace(aside)
+                aside = move_aside(self.path)
+                log.warning("%s is damaged (%s): moved to %s, a new one is started", self.path, exc, aside.name)
                 self._write(rows)
         except (OSError, sqlite3.Error) as exc:  # a full disk or a damaged file: these rows are lost
             if not self.failing:

@@ -49,7 +49,9 @@ def test_a_damaged_file_is_moved_aside(tmp_path: Path, caplog: pytest.LogCapture
     stats.record(row())
     with caplog.at_level(logging.WARNING):
         stats.flush()
-    assert "is damaged" in caplog.text and (tmp_path / "stats.db.damaged").is_file()
+    aside = list(tmp_path.glob("stats.db.damaged-*"))  # named as every damaged database is (files.move_aside)
+    assert "is damaged" in caplog.text and len(aside) == 1
+    assert aside[0].read_bytes() == b"this is not sqlite" * 100
     assert summary(tmp_path / "stats.db")["totals"]["all"]["calls"] == 1
 
 
