@@ -20,16 +20,6 @@ from gateway.settings import Settings
 WIDTH = 100
 
 
-async def _listing(gateway: Gateway, mode: str) -> list:
-    """What the host is shown in one tool mode, counted the same way for both modes."""
-    saved = gateway.settings.gateway.tool_mode
-    gateway.settings.gateway.tool_mode = mode  # type: ignore[assignment]
-    try:
-        return await gateway.listed_tools("inspect")
-    finally:
-        gateway.settings.gateway.tool_mode = saved
-
-
 async def inspect_report(settings: Settings) -> tuple[str, int]:
     gateway = Gateway(settings)
     status = 0
@@ -61,7 +51,7 @@ async def inspect_report(settings: Settings) -> tuple[str, int]:
         mode, reason = gateway.catalog_mode.decide("inspect")
         shown = await gateway.listed_tools("inspect")
         other = "catalog" if mode == "direct" else "direct"
-        alternative = await _listing(gateway, other)
+        alternative = await gateway.listed_tools("inspect", other)  # counted the same way as `shown`
         lines = [table(rows, right={3})]
         if problems:
             lines += ["", "problems:"] + [_wrapped(p) for p in problems]

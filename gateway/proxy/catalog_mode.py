@@ -80,10 +80,12 @@ class CatalogMode:
             f"auto: upstream definitions take ~{cost} tokens, within 1/4 of the {window}-token window",
         )
 
-    def listing(self, session_id: str | None = None) -> tuple[bool, list[types.Tool]]:
+    def listing(self, session_id: str | None = None, mode: str | None = None) -> tuple[bool, list[types.Tool]]:
         """(whether any upstream is behind the catalog, the upstream tools listed directly), from one
-        decision: in auto mode deciding estimates every definition, so it is done once per listing."""
-        mode, _ = self.decide(session_id)
+        decision: in auto mode deciding estimates every definition, so it is done once per listing.
+        `mode` ("direct" or "catalog") overrides the decision: what the other mode would list."""
+        if mode is None:
+            mode, _ = self.decide(session_id)
         modes = {server: self._server_mode(server, mode) for server in self.routing.upstreams}
         direct = [
             t for name, t in self.routing.tools.items() if modes[self.routing.tool_routes[name].server] == "direct"

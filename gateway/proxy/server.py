@@ -376,15 +376,15 @@ class Gateway:
         server.middleware = []
         return server
 
-    def visible_tools(self, session_id: str | None = None) -> list[types.Tool]:
+    def visible_tools(self, session_id: str | None = None, mode: str | None = None) -> list[types.Tool]:
         """What the host is shown: the gateway's own tools, the catalog meta-tools when any upstream is
-        behind the catalog, then the upstream tools listed directly."""
-        behind_catalog, direct = self.catalog_mode.listing(session_id)
+        behind the catalog, then the upstream tools listed directly (in `mode`, if given)."""
+        behind_catalog, direct = self.catalog_mode.listing(session_id, mode)
         meta = [spec.tool for spec in self.meta_tools.values()] if behind_catalog else []
         return [spec.tool for spec in self.own_tools.values()] + meta + direct
 
-    async def listed_tools(self, session_id: str) -> list[types.Tool]:
-        return await self.pipeline.on_tools_listed(self.visible_tools(session_id), session_id)
+    async def listed_tools(self, session_id: str, mode: str | None = None) -> list[types.Tool]:
+        return await self.pipeline.on_tools_listed(self.visible_tools(session_id, mode), session_id)
 
     def _record_listing(self, session_id: str, tools: list[types.Tool]) -> None:
         """A tools/list in the usage figures: the definitions' tokens, and in catalog mode the tokens of
