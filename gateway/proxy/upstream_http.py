@@ -18,7 +18,7 @@ from typing import BinaryIO
 import anyio.to_thread
 import httpx2
 
-from gateway.services.spill import LineBuffer, Spiller, spool_open, spool_write
+from gateway.services.spill import LineBuffer, Spiller
 
 log = logging.getLogger(__name__)
 
@@ -75,77 +75,56 @@ class _Rewritten(httpx2.AsyncByteStream):
 
     async def _sse(self) -> AsyncIterator[bytes]:
         """SSE lines: short ones passed on as they complete; a long `data:` line spooled and replaced."""
-        pending: list[bytes] = []
-        size = 0
-        spool: BinaryIO | None = None
-        refused = False
+        line = LineBuffer(self.spiller)
         try:
             async for chunk in self.inner:
                 begin = 0
                 newline = chunk.find(b"\n")
                 while newline >= 0:
-                    piece = chunk[begin : newline + 1]
-                    if spool is not None:
-                        spool = spool_write(spool, piece.rstrip(b"\r\n"), pending)
-                        if spool is not None:
-                            yield b"data: " + await _read(self.spiller, spool) + b"\n"
-                            spool = None
-                        else:
-                            yield b"data: " + b"".join(pending) + b"\n"
-                    else:
-                        pending.append(piece)
-                        yield b"".join(pending)
-                    pending.clear()
-                    size, refused = 0, False
+                    line.add(chunk[begin : newline + 1])
+                    done = line.take()
+                    yield done if isinstance(done, bytes) else await _read_event_line(self.spiller, done)
                     begin = newline + 1
                     newline = chunk.find(b"\n", begin)
-                rest = chunk[begin:]
-                if not rest:
-                    continue
-                if spool is not None:
-                    spool = spool_write(spool, rest, pending)
-                    refused = spool is None
-                    if refused:  # the line so far is back in memory, without its "data:" prefix
-                        pending.insert(0, b"data: ")
-                    continue
-                pending.append(rest)
-                size += len(rest)
-                if size > self.spiller.threshold and not refused:
-                    line = b"".join(pending)
-                    if line.startswith(b"data:"):
-                        pending[:] = [line[6:] if line.startswith(b"data: ") else line[5:]]
-                        spool = spool_open(self.spiller, pending)
-                        if spool is None:
-                            pending.insert(0, b"data: ")
-                    refused = spool is None
-            if pending or spool is not None:  # a stream that ended mid-line: pass on what came
-                if spool is not None:
-                    path = Path(spool.name)
-                    spool.close()
-                    yield b"data: " + path.read_bytes()
-                    path.unlink(missing_ok=True)
-                    spool = None
-                else:
-                    yield b"".join(pending)
+                if begin < len(chunk):
+                    line.add(chunk[begin:])
+            done = line.take()  # a stream that ended mid-line: pass on what came
+            if isinstance(done, bytes):
+                if done:
+                    yield done
+            else:
+                path = Path(done.name)
+                done.close()
+                yield path.read_bytes()
+                path.unlink(missing_ok=True)
         finally:
-            _discard(spool)
+            line.discard()
 
 
-async def _read(spiller: Spiller, spool: BinaryIO) -> bytes:
-    """The spooled message as compact JSON with markers; the original bytes when it is not JSON."""
+async def _read_event_line(spiller: Spiller, spool: BinaryIO) -> bytes:
+    """A long SSE line from its spool: a `data:` line as `data: ` + its JSON with markers; any other
+    line (or a `data:` line that is not JSON) as it came."""
+    spool.flush()
+    with open(spool.name, "rb") as fh:
+        head = fh.read(6)
+    if not head.startswith(b"data:"):
+        return await _read(spiller, spool, skip=None)
+    skip = 6 if head.startswith(b"data: ") else 5
+    return b"data: " + (await _read(spiller, spool, skip)).rstrip(b"\r\n") + b"\n"
+
+
+async def _read(spiller: Spiller, spool: BinaryIO, skip: int | None = 0) -> bytes:
+    """The spooled message (after `skip` bytes) as compact JSON with markers; its original bytes when it
+    is not JSON, or unread when `skip` is None."""
     path = Path(spool.name)
     spool.close()
     try:
-        value = await anyio.to_thread.run_sync(spiller.read, path)
+        if skip is None:
+            return path.read_bytes()
+        value = await anyio.to_thread.run_sync(spiller.read, path, skip)
         return json.dumps(value, separators=(",", ":")).encode()  # ASCII: a lone surrogate stays an escape
     except ValueError as exc:
         log.warning("an upstream sent a long HTTP message that is not JSON (%s)", exc)
-        return path.read_bytes()
+        return path.read_bytes()[skip or 0 :]
     finally:
         path.unlink(missing_ok=True)
-
-
-def _discard(spool: BinaryIO | None) -> None:
-    if spool is not None:
-        spool.close()
-        Path(spool.name).unlink(missing_ok=True)

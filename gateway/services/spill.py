@@ -476,14 +476,16 @@ class Spiller:
             self._count += 1
             return self.folder / f"{os.getpid()}-{self._count}{suffix}"
 
-    def read(self, spool: Path) -> Any:
-        """The JSON value of a spooled line, long strings replaced by markers. Raises ValueError (with
-        nothing left behind) when the line is not JSON; anything unusual falls back to a plain load."""
+    def read(self, spool: Path, skip: int = 0) -> Any:
+        """The JSON value of a spooled line (after its first `skip` bytes: an SSE `data: ` prefix), long
+        strings replaced by markers. Raises ValueError (with nothing left behind) when the line is not
+        JSON; anything unusual falls back to a plain load."""
         made: list[Path] = []
         self.spooled += 1
         try:
             with open(spool, "rb") as fh:
                 src = _Source(fh)
+                src.seek(skip)  # offsets stay those of the file
                 value = _Reader(self, src, made, spool).value(())
                 if src.peek() != -1:
                     raise _Bad("data after the JSON value")
@@ -493,6 +495,7 @@ class Spiller:
                 path.unlink(missing_ok=True)
             log.debug("spooled line read whole (%s)", exc)
             with open(spool, "rb") as fh:
+                fh.seek(skip)
                 return json.loads(fh.read().decode("utf-8", "replace"))
 
 
