@@ -98,3 +98,11 @@ def wire_problem(method: str, result: dict[str, Any]) -> str | None:
         except (KeyError, ValueError):  # a method or version this SDK does not describe: nothing to check
             continue
     return None
+
+
+def later_revision_fields(method: str, version: str) -> frozenset[str]:
+    """Result keys a protocol revision newer than `version` adds, which `ClientSession` drops before it
+    validates a result (the lean path reads `tools/call` results the same way)."""
+    from mcp.client.session import _later_revision_fields
+
+    return _later_revision_fields(method, version)

@@ -43,6 +43,7 @@ class ToolCall:
     meta: dict[str, Any] = field(default_factory=dict)  # the host's `_meta`, minus its own progress token
     namespace: str = ""  # whose data this call may see: the HTTP token's name; "" = the one local user
     exchange: Any = None  # for a 2026 host: how an upstream's questions reach it (`input_required`)
+    lean: bool = False  # taken by the lean path (`gateway/proxy/lean.py`): a stdio upstream gets it the same way
     _costs: dict[int, tuple[Any, Cost]] = field(default_factory=dict, init=False, repr=False)
 
     def cost_of(self, result: types.CallToolResult) -> Cost:

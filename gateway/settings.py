@@ -266,6 +266,9 @@ class GatewaySettings(BaseModel):
     freeze_definitions: bool = Field(
         False, description="serve each tool's first definition; refuse calls to one that changed"
     )
+    lean_path: bool = Field(
+        True, description="plain tool calls over stdio skip the MCP SDK's message handling (false: all through it)"
+    )
 
     @field_validator("port")
     @classmethod

@@ -45,3 +45,13 @@ def client_name(ctx: ServerRequestContext[Any]) -> str | None:
 def is_modern(session: Any) -> bool:
     """A host session of the 2026-07-28 era (request-scoped: no connection channel to push on)."""
     return getattr(session, "protocol_version", None) in MODERN_PROTOCOL_VERSIONS
+
+
+def forwardable_meta(meta: Any) -> dict[str, Any]:
+    """The host's `_meta` minus what belongs to the host's own connection: its progress token
+    (the SDK sets its own) and the 2026 envelope keys (the upstream session speaks its own era)."""
+    return {
+        k: v
+        for k, v in dict(meta or {}).items()
+        if k not in ("progress_token", "progressToken") and not k.startswith("io.modelcontextprotocol/")
+    }

@@ -2,24 +2,30 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import anyio
 from mcp.shared.message import SessionMessage
 
 import gateway.compat as compat
-from gateway.proxy.stdio_lines import READ_CHUNK, pump_lines, pump_writes
+from gateway.proxy.stdio_lines import READ_CHUNK, Intercept, pump_lines, pump_writes
+
+Send = Callable[[bytes], Awaitable[None]]
 
 
 @asynccontextmanager
-async def pipe_stdio_server() -> AsyncIterator[tuple[anyio.abc.ObjectReceiveStream, anyio.abc.ObjectSendStream]]:
+async def pipe_stdio_server(
+    lean: Callable[[Send], Intercept] | None = None,
+) -> AsyncIterator[tuple[anyio.abc.ObjectReceiveStream, anyio.abc.ObjectSendStream]]:
     """The host side of stdio without a thread per message (POSIX pipes, asyncio).
 
     The SDK's `stdio_server` reads and writes through worker threads, a thread hop per message in
     each direction, which is most of a small call's cost through the gateway (measured with py-spy).
     Like the SDK, it moves the protocol to private descriptors while serving: fd 0 reads /dev/null and
     fd 1 writes to stderr, so a stray print or a child process cannot corrupt the protocol.
+    With `lean`, plain `tools/call` requests are taken off the line for the gateway's lean path, which
+    answers them through the same writer (`proxy/lean.py`).
     Raises ValueError when stdin/stdout are not pipes (then use the SDK's `stdio_server`).
     """
     import asyncio
@@ -54,7 +60,8 @@ async def pipe_stdio_server() -> AsyncIterator[tuple[anyio.abc.ObjectReceiveStre
     write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](16)
     try:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(pump_lines, lambda: reader.read(READ_CHUNK), read_send, "host", send)
+            intercept = lean(send) if lean is not None else None
+            tg.start_soon(pump_lines, lambda: reader.read(READ_CHUNK), read_send, "host", send, None, intercept)
             tg.start_soon(pump_writes, write_recv, send)
             try:
                 yield read_recv, write_send

@@ -56,13 +56,14 @@ async def _exit_on_signal(gateway: Gateway) -> None:
             os._exit(0)
 
 
-def _front_stdio() -> Any:
-    """Asyncio pipes on POSIX when stdin/stdout are pipes (no thread per message); the SDK's otherwise."""
+def _front_stdio(gateway: Gateway) -> Any:
+    """Asyncio pipes on POSIX when stdin/stdout are pipes (no thread per message, and the lean path for
+    plain calls); the SDK's otherwise."""
     if sys.platform != "win32":
         import stat
 
         if all(stat.S_ISFIFO(os.fstat(fd).st_mode) or stat.S_ISSOCK(os.fstat(fd).st_mode) for fd in (0, 1)):
-            return pipe_stdio_server()
+            return pipe_stdio_server(gateway.lean.intercept if gateway.settings.gateway.lean_path else None)
     return stdio_server()
 
 
@@ -70,7 +71,7 @@ async def serve_stdio(gateway: Gateway, reload: Loader | None = None) -> None:
     async with anyio.create_task_group() as tg:
         if HANDLE_SIGNALS:
             tg.start_soon(_exit_on_signal, gateway)
-        async with gateway.running(), _front_stdio() as (read, write):
+        async with gateway.running(), _front_stdio(gateway) as (read, write):
             if reload is not None:
                 tg.start_soon(ConfigReloader(gateway, reload).watch, name="config:watch")
             await gateway.server.run(read, write, gateway.server.create_initialization_options())

@@ -24,7 +24,8 @@ from gateway.pipeline import build_pipeline
 from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall
 from gateway.proxy.catalog_mode import CatalogMode
 from gateway.proxy.exchanges import Exchange, Exchanges
-from gateway.proxy.host_sessions import client_name, is_modern, namespace_of, session_id_of
+from gateway.proxy.host_sessions import client_name, forwardable_meta, is_modern, namespace_of, session_id_of
+from gateway.proxy.lean import LeanFront
 from gateway.proxy.notices import Notices
 from gateway.proxy.reload import STOP_WAIT, Plan
 from gateway.proxy.routing import URI_SEP, Route, RoutingTable
@@ -69,16 +70,6 @@ class GatewayServer(Server[Any]):
             experimental_capabilities,
             extensions,
         )
-
-
-def forwardable_meta(meta: Any) -> dict[str, Any]:
-    """The host's `_meta` minus what belongs to the host's own connection: its progress token
-    (the SDK sets its own) and the 2026 envelope keys (the upstream session speaks its own era)."""
-    return {
-        k: v
-        for k, v in dict(meta or {}).items()
-        if k not in ("progress_token", "progressToken") and not k.startswith("io.modelcontextprotocol/")
-    }
 
 
 def unencodable(value: Any, path: str = "arguments") -> str | None:
@@ -151,6 +142,8 @@ class Gateway:
         self.exchanges = Exchanges()  # 2026 hosts' calls that an upstream interrupted with a question
         self._listed: tuple[Any, ...] = ()
         self.server = self._build_server()
+        # plain tools/call from a stdio host, below the SDK's server (proxy/lean.py)
+        self.lean = LeanFront(lambda: self.hosts.get("stdio"), self._run_call, self._start)
 
     def _new_upstream(self, name: str, cfg: ServerConfig) -> Upstream:
         return Upstream(
@@ -166,8 +159,14 @@ class Gateway:
 
     def _spawn(self, task: Callable[[], Awaitable[None]]) -> None:
         """Start a task in the running gateway's task group (nothing happens when it is not running)."""
-        if self._tg is not None:
-            self._tg.start_soon(task)
+        self._start(task)
+
+    def _start(self, task: Callable[[], Awaitable[None]]) -> bool:
+        """`_spawn`, saying whether the task started."""
+        if self._tg is None:
+            return False
+        self._tg.start_soon(task)
+        return True
 
     def _status(self, session_id: str) -> dict[str, Any]:
         """Every plugin's figures for a host connection, and its usage line (`context_status`)."""
@@ -460,6 +459,10 @@ class Gateway:
             exchange.call, call.exchange = call, exchange
             self._tg.start_soon(self._run_exchange, exchange, call)
             return await self._next(exchange, call)
+        return await self._run_call(call)
+
+    async def _run_call(self, call: ToolCall) -> types.CallToolResult:
+        """A call of a handshake-era host, start to end (the SDK's path and the lean one)."""
         return await self._finish(call, await self._guarded_call(call))
 
     async def _guarded_call(self, call: ToolCall) -> types.CallToolResult:
@@ -540,6 +543,7 @@ class Gateway:
             call.report_progress,
             host=(call.host_session, call.request_id),
             exchange=call.exchange,
+            lean=call.lean,
         )
 
     def _unknown_tool(self, name: str) -> str:

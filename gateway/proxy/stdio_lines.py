@@ -27,6 +27,7 @@ READ_CHUNK = 1 << 20
 
 
 Reply = Callable[[bytes], Awaitable[Any]]
+Intercept = Callable[[Any], bool]  # takes a decoded JSON-RPC message off the line before the SDK parses it
 
 
 async def pump_lines(
@@ -35,6 +36,7 @@ async def pump_lines(
     peer: str = "upstream",
     reply: Reply | None = None,
     spiller: Spiller | None = None,
+    intercept: Intercept | None = None,
 ) -> None:
     """Newline-delimited JSON-RPC from a byte source into a message stream, in linear time.
 
@@ -43,7 +45,8 @@ async def pump_lines(
     than its threshold is written to a spool file as it arrives and read back with its long strings
     left on disk (see `gateway.services.spill`). `peer` names the other side in the log. With `reply`,
     a request that is not valid JSON-RPC is answered at once with the JSON-RPC error (the SDK would
-    only log it, and the sender would wait forever).
+    only log it, and the sender would wait forever). With `intercept`, each decoded message is offered
+    to it first, and one it takes (returns True for) never reaches the SDK (the lean path, `proxy/lean.py`).
     """
     line = LineBuffer(spiller)
     try:
@@ -61,10 +64,10 @@ async def pump_lines(
                     line.add(chunk[begin:newline])
                     done = line.take()
                     if not isinstance(done, bytes):  # spooled
-                        message, raw = await _read_spool(spiller, done, peer)  # type: ignore[arg-type]
+                        message, raw = await _read_spool(spiller, done, peer, intercept)  # type: ignore[arg-type]
                     else:
                         text = done.decode("utf-8", "replace")
-                        message, raw = _parse(text, peer) if text.strip() else (None, None)
+                        message, raw = _parse(text, peer, intercept) if text.strip() else (None, None)
                         del text
                     del done
                     if message is not None:
@@ -84,7 +87,9 @@ async def pump_lines(
         line.discard()  # the stream ended mid-line: nobody will read this
 
 
-async def _read_spool(spiller: Spiller, spool: BinaryIO, peer: str) -> tuple[SessionMessage | Exception, Any]:
+async def _read_spool(
+    spiller: Spiller, spool: BinaryIO, peer: str, intercept: Intercept | None = None
+) -> tuple[SessionMessage | Exception | None, Any]:
     """The message of a spooled line (read in a worker thread); the spool file is removed."""
     path = Path(spool.name)
     spool.close()
@@ -95,6 +100,8 @@ async def _read_spool(spiller: Spiller, spool: BinaryIO, peer: str) -> tuple[Ses
         return exc, _NOT_JSON
     finally:
         path.unlink(missing_ok=True)
+    if intercept is not None and intercept(raw):
+        return None, None
     return _validate(raw, peer, lambda: "<a long line>")
 
 
@@ -111,8 +118,9 @@ async def pump_writes(
 _NOT_JSON = object()
 
 
-def _parse(line: str, peer: str) -> tuple[SessionMessage | Exception, Any]:
-    """The message (or the error) and the decoded JSON value (`_NOT_JSON` when it is not JSON)."""
+def _parse(line: str, peer: str, intercept: Intercept | None = None) -> tuple[SessionMessage | Exception | None, Any]:
+    """The message (or the error) and the decoded JSON value (`_NOT_JSON` when it is not JSON); no
+    message when `intercept` took it."""
     # json.loads + validate_python peaks at about half the memory of pydantic's validate_json on
     # large lines (measured: +109 MB vs +218 MB for a 57 MB line), and the strings are shared.
     try:
@@ -120,6 +128,8 @@ def _parse(line: str, peer: str) -> tuple[SessionMessage | Exception, Any]:
     except ValueError as exc:
         log.warning("the %s sent a line that is not JSON: %r", peer, line[:120])
         return exc, _NOT_JSON
+    if intercept is not None and intercept(raw):
+        return None, None
     return _validate(raw, peer, lambda: repr(line[:120]))
 
 

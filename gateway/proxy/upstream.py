@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 import gateway.compat as compat
 from gateway.progress import ProgressReporter, no_progress
+from gateway.proxy.lean import RawRequests, parse_result
 from gateway.proxy.upstream_http import SpoolingTransport
 from gateway.proxy.upstream_stdio import linear_stdio_client
 from gateway.results import error_result
@@ -128,6 +129,7 @@ class Upstream:
         self._refresh = False
         self._log_mark = 0
         self._in_flight: list[_InFlight] = []
+        self.raw = RawRequests()  # lean-path calls beside the SDK's session (stdio only)
 
     @property
     def transport(self) -> str:
@@ -208,6 +210,7 @@ class Upstream:
                     errlog,
                     on_exit=self._on_stdout_closed,
                     spiller=self.spiller,
+                    raw=self.raw,
                 ) as streams:
                     yield streams
         else:
@@ -356,8 +359,11 @@ class Upstream:
         timeout: float | None = None,
         host: tuple[Any, Any] = (None, None),
         exchange: Any = None,
+        lean: bool = False,
     ) -> types.CallToolResult:
-        """Forward a call; every failure comes back as an `isError` result naming this server."""
+        """Forward a call; every failure comes back as an `isError` result naming this server. `lean`:
+        written beside the SDK's session on a stdio upstream (`proxy/lean.py`), for a caller that
+        relays no progress."""
         session = self.session
         if session is None or self.state != "ok":
             return error_result(self.unavailable())
@@ -366,7 +372,8 @@ class Upstream:
         flight = _InFlight(host[0], host[1], scope, timeout, exchange)
         self._in_flight.append(flight)
         try:
-            return await self._forward(session, tool, arguments, meta, progress, scope, timeout)
+            lean = lean and self.raw.ready
+            return await self._forward(session, tool, arguments, meta, progress, scope, timeout, lean)
         finally:
             self._in_flight.remove(flight)
 
@@ -379,25 +386,45 @@ class Upstream:
         progress: ProgressReporter,
         scope: anyio.CancelScope,
         timeout: float,
+        lean: bool = False,
     ) -> types.CallToolResult:
+        """The request through the SDK's session, or (`lean`) as one JSON line beside it: the same
+        request, errors and clock either way."""
+
+        def progressed() -> None:
+            scope.deadline = anyio.current_time() + timeout  # progress resets the clock
 
         async def relay(value: float, total: float | None, message: str | None) -> None:
-            scope.deadline = anyio.current_time() + timeout  # progress resets the clock
+            progressed()
             await progress(value, total, message)
 
-        request = types.CallToolRequest(
-            params=types.CallToolRequestParams(name=tool, arguments=arguments, _meta=meta or None)
-        )
         with scope:
             try:
+                if lean:
+                    params: dict[str, Any] = {"name": tool}
+                    if arguments is not None:
+                        params["arguments"] = arguments
+                    if meta:
+                        params["_meta"] = meta
+                    raw = await self.raw.request("tools/call", params, progressed)
+                    return parse_result(session.protocol_version or "2025-11-25", raw)
+                request = types.CallToolRequest(
+                    params=types.CallToolRequestParams(name=tool, arguments=arguments, _meta=meta or None)
+                )
                 return await session.send_request(request, types.CallToolResult, progress_callback=relay)
             except MCPError as exc:
                 return error_result(self._call_failed(tool, exc))
             except ValidationError as exc:
-                return error_result(
-                    f"Upstream server '{self.name}' returned a malformed result for '{tool}': "
-                    f"{exc.error_count()} schema errors (first: {exc.errors()[0]['msg']})."
-                )
+                return self._malformed(tool, exc)
+        return self._timed_out(tool, timeout)
+
+    def _malformed(self, tool: str, exc: ValidationError) -> types.CallToolResult:
+        return error_result(
+            f"Upstream server '{self.name}' returned a malformed result for '{tool}': "
+            f"{exc.error_count()} schema errors (first: {exc.errors()[0]['msg']})."
+        )
+
+    def _timed_out(self, tool: str, timeout: float) -> types.CallToolResult:
         return error_result(
             f"Upstream server '{self.name}' did not answer '{tool}' within {timeout:.0f} s (no progress either); "
             "the call was cancelled. Retry with smaller input, or raise timeout_seconds for this server."

@@ -14,6 +14,7 @@ from mcp.client.stdio import get_default_environment
 from mcp.shared.message import SessionMessage
 
 import gateway.compat as compat
+from gateway.proxy.lean import RawRequests
 from gateway.proxy.stdio_lines import READ_CHUNK, pump_lines, pump_writes
 from gateway.services.spill import Spiller
 
@@ -57,12 +58,14 @@ async def linear_stdio_client(
     errlog: IO[bytes],
     on_exit: Callable[[], None] | None = None,
     spiller: Spiller | None = None,
+    raw: RawRequests | None = None,
 ) -> AsyncIterator[tuple[anyio.abc.ObjectReceiveStream, anyio.abc.ObjectSendStream]]:
     """Start `command` and yield `(read, write)` streams for `ClientSession`.
 
     `on_exit` is called when the child's stdout ends (the child died or closed it), so the
     owner can reconnect instead of waiting for a call to fail. With `spiller`, long lines are spooled
-    to disk as they arrive (bounded memory for huge results).
+    to disk as they arrive (bounded memory for huge results). With `raw`, requests can also be written
+    beside the SDK's session (the lean path) and their replies are taken off the line for it.
     """
     process = await _spawn(command, args, get_default_environment() | (env or {}), cwd or None, errlog)
     read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](16)
@@ -71,8 +74,15 @@ async def linear_stdio_client(
     async def reader() -> None:
         assert process.stdout is not None
         try:
-            await pump_lines(lambda: process.stdout.receive(READ_CHUNK), read_send, spiller=spiller)  # type: ignore[union-attr]
+            await pump_lines(
+                lambda: process.stdout.receive(READ_CHUNK),  # type: ignore[union-attr]
+                read_send,
+                spiller=spiller,
+                intercept=raw.intercept if raw is not None else None,
+            )
         finally:
+            if raw is not None:
+                raw.detach()
             if on_exit is not None:
                 on_exit()
 
@@ -83,12 +93,16 @@ async def linear_stdio_client(
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
             await read_send.aclose()
 
+    if raw is not None:
+        raw.attach(process.stdin.send)  # type: ignore[union-attr]
     async with anyio.create_task_group() as tg:
         tg.start_soon(reader)
         tg.start_soon(writer)
         try:
             yield read_recv, write_send
         finally:
+            if raw is not None:
+                raw.detach()
             with anyio.CancelScope(shield=True):
                 await write_send.aclose()
                 await _stop(process)

@@ -58,6 +58,12 @@ def build(name: str, extra_tools: int, shuffle: bool = False, mutate: str = "") 
         _tool("pid", "Return this server's process id."),
         _tool("ask", "Ask the user for a name (elicitation) and return the answer."),
     ]
+    if os.environ.get("PROBE_WIRE_TOOLS"):  # for tests of what passes on the wire (the lean path)
+        base_tools += [
+            _tool("request_id", "Return the JSON-RPC id this call arrived with, and its type."),
+            _tool("kinds", "Return one content block of every kind, structured content and _meta."),
+            _tool("rpc_error", "Answer with a JSON-RPC error instead of a result."),
+        ]
     base_tools += [
         _tool(f"extra_{i}", f"Extra tool number {i} that does nothing useful.", {"x": {"type": "string"}})
         for i in range(extra_tools)
@@ -106,6 +112,30 @@ def build(name: str, extra_tools: int, shuffle: bool = False, mutate: str = "") 
             )
             return types.CallToolResult(
                 content=[types.TextContent(text=f"{answer.action}:{(answer.content or {}).get('name', '')}")]
+            )
+        if tool == "request_id":
+            return types.CallToolResult(
+                content=[types.TextContent(text=f"{type(ctx.request_id).__name__}:{ctx.request_id}")]
+            )
+        if tool == "rpc_error":
+            raise MCPError(code=types.INVALID_PARAMS, message="rpc_error always refuses", data={"why": "on purpose"})
+        if tool == "kinds":
+            note = types.Annotations(audience=["user"], priority=0.5)
+            return types.CallToolResult(
+                content=[
+                    types.TextContent(text="plain 한국어 text", annotations=note, _meta={"probe/part": 1}),
+                    types.ImageContent(data=PNG_1PX, mime_type="image/png"),
+                    types.AudioContent(data=base64.b64encode(b"RIFF....WAVE").decode(), mime_type="audio/wav"),
+                    types.ResourceLink(uri="file:///tmp/x.txt", name="x.txt", mime_type="text/plain", size=3),
+                    types.EmbeddedResource(
+                        resource=types.TextResourceContents(uri="mem://t", text="inner", mime_type="text/plain")
+                    ),
+                    types.EmbeddedResource(
+                        resource=types.BlobResourceContents(uri="mem://b", blob=base64.b64encode(b"\x00\x01").decode())
+                    ),
+                ],
+                structured_content={"n": 1, "s": "é", "nested": {"list": [1, 2.5, None, True]}},
+                _meta={"probe/trace": "kinds"},
             )
         if tool == "pid":
             return types.CallToolResult(content=[types.TextContent(text=str(os.getpid()))])

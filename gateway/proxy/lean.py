@@ -1,0 +1,258 @@
+"""The lean path for the common call: `tools/call` over stdio on both sides, below the SDK's sessions.
+
+A small call through the SDK is parsed, validated and serialized twice on each side of the gateway
+(`Server` in front, `ClientSession` behind). Here the host's request is taken off the line as decoded
+JSON (`LeanFront`), runs through the same `Gateway.call` and plugin pipeline as every other call, and
+goes to a stdio upstream as one JSON line beside its `ClientSession` (`RawRequests`), whose reply is
+taken off that line before the SDK parses it. The result is validated once (the pipeline reads a
+`CallToolResult`) and serialized once, the way the SDK's server would.
+
+Only what is plain takes this path; everything else goes through the SDK unchanged: a host of the
+2026 era, a request asking for progress, params with fields beyond `name`/`arguments`/`_meta`, a
+host connection not yet initialized, the HTTP front, HTTP upstreams. Cancellation is kept both ways:
+the host's `notifications/cancelled` stops the call (no answer is sent, as the SDK does) and the
+upstream hears a cancel for its request, as it does for a timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import mcp_types as types
+from mcp import MCPError
+from mcp_types import methods as surfaces
+from pydantic import ValidationError
+
+import gateway.compat as compat
+from gateway.plugin import ToolCall
+from gateway.proxy.host_sessions import forwardable_meta, is_modern
+
+log = logging.getLogger("gateway.lean")
+
+Send = Callable[[bytes], Awaitable[Any]]
+Progress = Callable[[], None]  # an upstream reported progress (it resets the call's clock)
+CANCEL_WRITE_TIMEOUT = 2.0
+ID_PREFIX = "gw-"  # the SDK's ClientSession numbers its requests; these ids are strings and never collide
+
+
+def line(message: dict[str, Any]) -> bytes:
+    """One JSON-RPC message as a line, UTF-8 as the SDK writes it."""
+    return json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass") + b"\n"
+
+
+class _Waiter:
+    __slots__ = ("done", "on_progress", "outcome")
+
+    def __init__(self, on_progress: Progress | None):
+        self.done = anyio.Event()
+        self.outcome: dict[str, Any] | types.ErrorData | None = None
+        self.on_progress = on_progress
+
+
+CLOSED = types.ErrorData(code=types.CONNECTION_CLOSED, message="Connection closed")
+
+
+class RawRequests:
+    """Requests written to a stdio upstream as JSON lines beside its `ClientSession`; their replies (and
+    progress) are taken off the line by `intercept` before the SDK parses them."""
+
+    def __init__(self) -> None:
+        self._send: Send | None = None
+        self._pending: dict[str, _Waiter] = {}
+        self._ids = itertools.count(1)
+
+    @property
+    def ready(self) -> bool:
+        return self._send is not None
+
+    def attach(self, send: Send) -> None:
+        self._send = send
+
+    def detach(self) -> None:
+        """The connection ended: every request still waiting fails as the SDK's would."""
+        self._send = None
+        for waiter in self._pending.values():
+            waiter.outcome = CLOSED
+            waiter.done.set()
+
+    def intercept(self, raw: Any) -> bool:
+        if not self._pending or not isinstance(raw, dict):
+            return False
+        rid = raw.get("id")
+        if isinstance(rid, str) and rid.startswith(ID_PREFIX) and "method" not in raw:
+            waiter = self._pending.get(rid)
+            if waiter is not None:  # else a late reply to a cancelled request: dropped
+                error = raw.get("error")
+                if isinstance(error, dict):
+                    try:
+                        waiter.outcome = types.ErrorData.model_validate(error)
+                    except ValueError:
+                        waiter.outcome = types.ErrorData(code=types.INTERNAL_ERROR, message=str(error)[:300])
+                else:
+                    result = raw.get("result")
+                    waiter.outcome = result if isinstance(result, dict) else {}
+                waiter.done.set()
+            return True
+        if raw.get("method") == "notifications/progress":
+            params = raw.get("params")
+            token = params.get("progressToken") if isinstance(params, dict) else None
+            waiter = self._pending.get(token) if isinstance(token, str) else None
+            if waiter is None or waiter.on_progress is None:
+                return False
+            waiter.on_progress()
+            return True
+        return False
+
+    async def request(self, method: str, params: dict[str, Any], on_progress: Progress | None = None) -> dict[str, Any]:
+        """Send one request and wait for its result; raises MCPError like `ClientSession.send_request`
+        (CONNECTION_CLOSED when the connection is gone). Cancelled, it tells the upstream."""
+        send = self._send
+        if send is None:
+            raise MCPError(code=CLOSED.code, message=CLOSED.message)
+        rid = f"{ID_PREFIX}{next(self._ids)}"
+        if on_progress is not None:
+            params = params | {"_meta": {**(params.get("_meta") or {}), "progressToken": rid}}
+        waiter = self._pending[rid] = _Waiter(on_progress)
+        written = False
+        try:
+            written = True
+            await send(line({"jsonrpc": "2.0", "id": rid, "method": method, "params": params}))
+            await waiter.done.wait()
+        except anyio.get_cancelled_exc_class():
+            if written and self._send is not None:
+                with anyio.move_on_after(CANCEL_WRITE_TIMEOUT, shield=True):
+                    cancel = {"requestId": rid, "reason": "caller cancelled"}
+                    await self._send(line({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": cancel}))
+            raise
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            raise MCPError(code=CLOSED.code, message=CLOSED.message) from None
+        finally:
+            self._pending.pop(rid, None)
+        outcome = waiter.outcome
+        if isinstance(outcome, types.ErrorData):
+            raise MCPError(code=outcome.code, message=outcome.message, data=outcome.data)
+        return outcome or {}
+
+
+def parse_result(version: str, raw: dict[str, Any]) -> types.CallToolResult:
+    """An upstream's `tools/call` result as `ClientSession.send_request` reads it: checked against the
+    negotiated version's surface, a later revision's fields dropped, then the model. Raises
+    ValidationError like the SDK."""
+    with contextlib.suppress(KeyError):
+        surfaces.validate_server_result("tools/call", version, raw)
+    if not (foreign := compat.later_revision_fields("tools/call", version)).isdisjoint(raw):
+        raw = {key: value for key, value in raw.items() if key not in foreign}
+    return types.CallToolResult.model_validate(raw, by_name=False)
+
+
+def wire_result(version: str, result: types.CallToolResult) -> dict[str, Any]:
+    """A `tools/call` result as the SDK's server puts it on the wire for a handshake-era host."""
+    dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+    try:
+        return surfaces.serialize_server_result("tools/call", version, dumped)
+    except ValidationError:
+        log.exception("the tools/call result is not valid for protocol %s", version)
+        raise MCPError(code=types.INTERNAL_ERROR, message="Handler returned an invalid result") from None
+
+
+PLAIN_PARAMS = frozenset(("name", "arguments", "_meta"))
+Run = Callable[[ToolCall], Awaitable[types.CallToolResult]]
+
+
+def _plain_call(raw: dict[str, Any]) -> dict[str, Any] | None:
+    """The params of a `tools/call` the lean path can take exactly as the SDK would, else None."""
+    rid, params = raw.get("id"), raw.get("params")
+    if not isinstance(rid, (str, int)) or isinstance(rid, bool) or not isinstance(params, dict):
+        return None
+    if not PLAIN_PARAMS.issuperset(params) or not isinstance(params.get("name"), str):
+        return None
+    arguments, meta = params.get("arguments"), params.get("_meta")
+    if arguments is not None and not isinstance(arguments, dict):
+        return None
+    if meta is not None and (not isinstance(meta, dict) or "progressToken" in meta):
+        return None  # a host that asked for progress: the SDK's path relays it
+    return params
+
+
+class LeanFront:
+    """`tools/call` from a stdio host, taken off the line before the SDK's server parses it.
+
+    `host` gives the host's SDK session once it is initialized and has spoken to the gateway (its
+    `tools/list` comes before any call); until then, and for a 2026-era host, nothing is taken. `run`
+    is the gateway's whole call: routing, the upstream, the plugin pipeline, the usage figures.
+    """
+
+    def __init__(self, host: Callable[[], Any], run: Run, spawn: Callable[[Callable[[], Awaitable[None]]], bool]):
+        self.host = host
+        self.run = run
+        self.spawn = spawn
+        self._flights: dict[str | int, anyio.CancelScope] = {}
+
+    def intercept(self, send: Send) -> Callable[[Any], bool]:
+        """The host reader's hook: True when the message was taken (answered later through `send`)."""
+
+        def take(raw: Any) -> bool:
+            if not isinstance(raw, dict):
+                return False
+            method = raw.get("method")
+            if method == "tools/call":
+                params = _plain_call(raw)
+                session = self.host() if params is not None else None
+                rid = raw["id"]
+                if session is None or is_modern(session) or rid in self._flights:
+                    return False
+                scope = self._flights[rid] = anyio.CancelScope()
+                if not self.spawn(lambda: self._serve(rid, params, session, scope, send)):
+                    del self._flights[rid]
+                    return False
+                return True
+            if method == "notifications/cancelled" and self._flights:
+                params = raw.get("params")
+                scope = self._flights.get(params.get("requestId")) if isinstance(params, dict) else None
+                if scope is None:
+                    return False
+                scope.cancel()  # the SDK's rule: a cancelled request is never answered
+                return True
+            return False
+
+        return take
+
+    async def _serve(
+        self, rid: str | int, params: dict[str, Any], session: Any, scope: anyio.CancelScope, send: Send
+    ) -> None:
+        message: dict[str, Any] | None = None
+        try:
+            with scope:
+                call = ToolCall(
+                    name=params["name"],
+                    arguments=params.get("arguments") or {},
+                    session_id="stdio",
+                    host_session=session,
+                    # not a request the SDK knows: an upstream's question goes out on the connection
+                    # (stdio has one channel), not on a request's back-channel
+                    request_id=None,
+                    meta=forwardable_meta(params.get("_meta")),
+                    lean=True,
+                )
+                try:
+                    result = wire_result(session.protocol_version, await self.run(call))
+                    message = {"jsonrpc": "2.0", "id": rid, "result": result}
+                except MCPError as exc:
+                    error = exc.error.model_dump(by_alias=True, mode="json", exclude_none=True)
+                    message = {"jsonrpc": "2.0", "id": rid, "error": error}
+                except Exception as exc:  # as the SDK answers a handler that raised
+                    log.exception("tools/call %s failed", params["name"])
+                    message = {"jsonrpc": "2.0", "id": rid, "error": {"code": 0, "message": str(exc)}}
+        finally:
+            self._flights.pop(rid, None)
+        if message is not None:
+            try:
+                await send(line(message))
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                log.debug("dropped the answer to %r: the host is gone", rid)

@@ -1,0 +1,206 @@
+"""The lean path (`gateway/proxy/lean.py`): plain `tools/call` over stdio below the SDK's sessions.
+
+Seen from the host's side of the wire, a gateway process with `lean_path` on answers exactly what it
+answers with it off, for every content kind and every failure; cancellation, timeouts, a crashing
+upstream and an upstream's question to the user behave as through the SDK.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from conftest import PY, eventually, gateway_env, probe, write_config
+
+pytestmark = pytest.mark.anyio
+
+INIT = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}
+WIRE = {"PROBE_WIRE_TOOLS": "1"}
+EVERY_PLUGIN = ["offload", "memory", "documents", "monitor"]
+
+
+class RawHost:
+    """A host speaking JSON lines to a gateway process; it answers the gateway's requests with `answers`."""
+
+    def __init__(self, process: Any, answers: dict[str, Callable[[dict], dict]]):
+        self.process = process
+        self.answers = answers
+        self.seen: list[dict] = []
+        self._next = 100
+
+    async def send(self, message: dict) -> None:
+        await self.process.stdin.send(json.dumps(message).encode() + b"\n")
+
+    async def read(self) -> None:
+        buffer = b""
+        async for chunk in self.process.stdout:
+            buffer += chunk
+            while b"\n" in buffer:
+                line, _, buffer = buffer.partition(b"\n")
+                message = json.loads(line)
+                self.seen.append(message)
+                if "method" in message and "id" in message:  # the gateway asks the host
+                    answer = self.answers[message["method"]](message.get("params") or {})
+                    await self.send({"jsonrpc": "2.0", "id": message["id"], "result": answer})
+
+    def answer_to(self, rid: Any) -> dict | None:
+        return next((m for m in self.seen if m.get("id") == rid and "method" not in m), None)
+
+    async def request(self, method: str, params: dict | None = None, rid: Any = None) -> dict:
+        if rid is None:
+            self._next += 1
+            rid = self._next
+        message = {"jsonrpc": "2.0", "id": rid, "method": method}
+        if params is not None:
+            message["params"] = params
+        await self.send(message)
+        await eventually(lambda: self.answer_to(rid) is not None, 30, f"the answer to {method} {rid}")
+        return self.answer_to(rid)  # type: ignore[return-value]
+
+    async def call(self, name: str, arguments: Any = None, **params: Any) -> dict:
+        body = {"name": name, **params}
+        if arguments is not None:
+            body["arguments"] = arguments
+        return await self.request("tools/call", body)
+
+
+@asynccontextmanager
+async def raw_host(
+    tmp_path: Path, servers: dict[str, Any], capabilities: dict | None = None, answers: Any = None, **gateway: Any
+) -> AsyncIterator[RawHost]:
+    cfg = write_config(tmp_path, servers, **gateway)
+    with open(tmp_path / "gw.err", "ab") as errlog:
+        process = await anyio.open_process(
+            [PY, "-m", "gateway", "--config", str(cfg)], env=gateway_env(), stderr=errlog
+        )
+    async with process, anyio.create_task_group() as tg:
+        host = RawHost(process, answers or {})
+        tg.start_soon(host.read)
+        await host.request("initialize", INIT | {"capabilities": capabilities or {}}, rid=1)
+        await host.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        await host.request("tools/list")
+        yield host
+        await process.stdin.aclose()
+        tg.cancel_scope.cancel()
+
+
+CALLS: list[tuple[str, Any, dict]] = [
+    ("p__kinds", {}, {}),
+    ("p__add", {"a": 2, "b": 3.5}, {}),
+    ("p__multi", {}, {}),
+    ("p__image", None, {}),
+    ("p__echo", {"text": '안녕하세요 \\n "quoted" \u2028'}, {"_meta": {"trace": "t1"}}),
+    ("p__fail", {}, {}),
+    ("p__rpc_error", {}, {}),
+    ("p__no_such_tool", {}, {}),
+    ("p__echo", "not an object", {}),  # invalid params: the SDK's error either way
+    ("p__echo", {"text": "x"}, {"unknownField": 1}),
+    ("p__echo", {"text": "\ud800"}, {}),  # a lone surrogate is refused before it reaches the upstream
+]
+
+
+async def _answers(tmp_path: Path, lean: bool) -> tuple[list[dict], list[dict]]:
+    servers = {"p": probe("p", env=WIRE)}
+    (tmp_path / str(lean)).mkdir()
+    async with raw_host(tmp_path / str(lean), servers, lean_path=lean, plugins=EVERY_PLUGIN) as host:
+        answers = []
+        for name, arguments, extra in CALLS:
+            answer = await host.call(name, arguments, **extra)
+            answers.append({k: v for k, v in answer.items() if k != "id"})
+        ids = [await host.call("p__request_id", {}) for _ in range(2)]
+        big = await host.call("p__big", {"size": 3_000_000, "kind": "structured"})
+    return answers, [ids[0]["result"], ids[1]["result"], big["result"]]
+
+
+async def test_lean_path_answers_exactly_as_the_sdk_path(tmp_path: Path) -> None:
+    lean, lean_extra = await _answers(tmp_path, True)
+    sdk, sdk_extra = await _answers(tmp_path, False)
+    for (name, _, _), a, b in zip(CALLS, lean, sdk, strict=True):
+        assert a == b, name
+    kinds = lean[0]["result"]
+    assert [c["type"] for c in kinds["content"]] == ["text", "image", "audio", "resource_link", "resource", "resource"]
+    assert kinds["structuredContent"]["nested"] == {"list": [1, 2.5, None, True]} and kinds["_meta"]
+    # the upstream's JSON-RPC error comes back as an error result naming it
+    assert lean[6]["result"]["isError"] and "error -32602: rpc_error always refuses" in str(lean[6]["result"])
+    assert lean[8]["error"]["code"] == -32602  # params that are not an object: the SDK's own answer
+    assert "lone surrogate" in str(lean[10]["result"])
+    # the lean path really was taken: the upstream saw the gateway's own string ids, not the SDK's numbers
+    assert lean_extra[0]["content"][0]["text"].startswith("str:gw-")
+    assert sdk_extra[0]["content"][0]["text"].startswith("int:")
+    # a huge result is offloaded on both paths alike
+    assert lean_extra[2]["content"][0]["text"].split("resp_")[0] == sdk_extra[2]["content"][0]["text"].split("resp_")[0]
+    assert lean_extra[2].get("structuredContent") == sdk_extra[2].get("structuredContent")
+
+
+async def test_lean_calls_are_cancelled_and_timed_out_at_the_upstream(tmp_path: Path) -> None:
+    marker, slow_marker = tmp_path / "cancel.txt", tmp_path / "timeout.txt"
+    servers = {
+        "p": probe("p", env=WIRE | {"PROBE_CANCEL_MARKER": str(marker)}),
+        "q": probe("q", env=WIRE | {"PROBE_CANCEL_MARKER": str(slow_marker)}, timeout_seconds=1),
+    }
+    async with raw_host(tmp_path, servers) as host:
+        await host.send(
+            {
+                "jsonrpc": "2.0",
+                "id": 7,
+                "method": "tools/call",
+                "params": {"name": "p__slow", "arguments": {"seconds": 60}},
+            }
+        )
+        await eventually(lambda: marker.exists() and marker.read_text() == "started", 20, "the slow call to start")
+        await host.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 7}})
+        await eventually(lambda: marker.read_text() == "cancelled", 20, "the upstream to hear the cancel")
+        timed_out = await host.call("q__slow", {"seconds": 60})
+        after = await host.call("p__echo", {"text": "still here"})
+        await eventually(lambda: slow_marker.read_text() == "cancelled", 20, "the timed-out call to be cancelled")
+        assert host.answer_to(7) is None  # a cancelled request is never answered
+    assert (
+        timed_out["result"]["isError"]
+        and "did not answer 'slow' within 1 s" in timed_out["result"]["content"][0]["text"]
+    )
+    assert after["result"]["content"][0]["text"] == "still here"
+
+
+async def test_a_crash_during_a_lean_call_is_an_error_and_the_gateway_recovers(tmp_path: Path) -> None:
+    async with raw_host(tmp_path, {"p": probe("p", env=WIRE)}) as host:
+        crashed = await host.call("p__crash", {})
+        assert crashed["result"]["isError"]
+        assert "went away during 'crash'" in crashed["result"]["content"][0]["text"]
+        with anyio.fail_after(30):
+            while True:  # the upstream is restarted; calls go through again
+                again = await host.call("p__request_id", {})
+                if not again["result"].get("isError"):
+                    break
+                await anyio.sleep(0.2)
+        assert again["result"]["content"][0]["text"].startswith("str:gw-")
+
+
+@pytest.mark.parametrize("lean", [True, False])
+async def test_an_upstream_question_during_a_lean_call_reaches_the_host(tmp_path: Path, lean: bool) -> None:
+    asked: list[dict] = []
+
+    def elicit(params: dict) -> dict:
+        asked.append(params)
+        return {"action": "accept", "content": {"name": "Ada"}}
+
+    capabilities = {"elicitation": {"form": {}}}
+    answers = {"elicitation/create": elicit}
+    async with raw_host(tmp_path, {"p": probe("p", env=WIRE)}, capabilities, answers, lean_path=lean) as host:
+        answer = await host.call("p__ask", {})
+    assert answer["result"]["content"][0]["text"] == "accept:Ada"
+    assert asked and asked[0]["message"] == "What is your name?"
+
+
+async def test_a_host_asking_for_progress_goes_through_the_sdk_and_gets_it(tmp_path: Path) -> None:
+    async with raw_host(tmp_path, {"p": probe("p", env=WIRE)}) as host:
+        via_sdk = await host.call("p__request_id", {}, _meta={"progressToken": "tok"})
+        done = await host.call("p__progress", {"steps": 3, "delay": 0.01}, _meta={"progressToken": "tok2"})
+        progress = [m for m in host.seen if m.get("method") == "notifications/progress"]
+    assert via_sdk["result"]["content"][0]["text"].startswith("int:")
+    assert done["result"]["content"][0]["text"] == "done after 3 steps"
+    assert [m["params"]["progress"] for m in progress if m["params"]["progressToken"] == "tok2"] == [1, 2, 3]
