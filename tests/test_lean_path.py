@@ -71,8 +71,14 @@ class RawHost:
 
 @asynccontextmanager
 async def raw_host(
-    tmp_path: Path, servers: dict[str, Any], capabilities: dict | None = None, answers: Any = None, **gateway: Any
+    tmp_path: Path,
+    servers: dict[str, Any],
+    capabilities: dict | None = None,
+    answers: Any = None,
+    handshake: bool = True,
+    **gateway: Any,
 ) -> AsyncIterator[RawHost]:
+    """A gateway process and a raw host on its stdio; `handshake=False`: a 2026-era host (no initialize)."""
     cfg = write_config(tmp_path, servers, **gateway)
     with open(tmp_path / "gw.err", "ab") as errlog:
         process = await anyio.open_process(
@@ -81,9 +87,10 @@ async def raw_host(
     async with process, anyio.create_task_group() as tg:
         host = RawHost(process, answers or {})
         tg.start_soon(host.read)
-        await host.request("initialize", INIT | {"capabilities": capabilities or {}}, rid=1)
-        await host.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-        await host.request("tools/list")
+        if handshake:
+            await host.request("initialize", INIT | {"capabilities": capabilities or {}}, rid=1)
+            await host.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            await host.request("tools/list")
         yield host
         await process.stdin.aclose()
         tg.cancel_scope.cancel()
@@ -204,3 +211,18 @@ async def test_a_host_asking_for_progress_goes_through_the_sdk_and_gets_it(tmp_p
     assert via_sdk["result"]["content"][0]["text"].startswith("int:")
     assert done["result"]["content"][0]["text"] == "done after 3 steps"
     assert [m["params"]["progress"] for m in progress if m["params"]["progressToken"] == "tok2"] == [1, 2, 3]
+
+
+async def test_a_2026_host_on_stdio_is_answered_by_the_sdk_path(tmp_path: Path) -> None:
+    envelope = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+    async with raw_host(tmp_path, {"p": probe("p", env=WIRE)}, handshake=False) as host:
+        listed = await host.request("tools/list", {"_meta": envelope})
+        called = [await host.call("p__request_id", {}, _meta=envelope) for _ in range(2)]
+    assert listed["result"]["resultType"] == "complete"
+    for answer in called:  # the era's envelope on the reply, and the upstream saw the SDK's ids
+        assert answer["result"]["resultType"] == "complete"
+        assert answer["result"]["content"][0]["text"].startswith("int:")
