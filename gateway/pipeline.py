@@ -105,6 +105,7 @@ class Pipeline:
     def __init__(self, plugins: Sequence[Plugin]):
         self.plugins = list(plugins)
         self.failed: dict[str, str] = {}  # plugins left out at start, and why
+        self.tracing = tracing()  # read once: the environment is read per hook otherwise (every call)
 
     def tools(self) -> dict[str, PluginTool]:
         out: dict[str, PluginTool] = {}
@@ -141,7 +142,7 @@ class Pipeline:
                 tools = await plugin.on_tools_listed(tools, session_id)
             except Exception:
                 log.exception("plugin %s failed in on_tools_listed; list passed on unchanged", plugin.name)
-            if tracing():
+            if self.tracing:
                 log.warning("trace %s.on_tools_listed(session=%s) -> %d tools", plugin.name, session_id, len(tools))
         return tools
 
@@ -158,7 +159,7 @@ class Pipeline:
                 result = await plugin.on_tool_result(call, result)
             except Exception:
                 log.exception("plugin %s failed in on_tool_result for %s; result passed on", plugin.name, call.name)
-            if tracing():
+            if self.tracing:
                 log.warning(
                     "trace %s.on_tool_result(%s, %s) -> %s",
                     plugin.name,

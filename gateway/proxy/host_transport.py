@@ -74,7 +74,10 @@ async def serve_stdio(gateway: Gateway, reload: Loader | None = None) -> None:
         async with gateway.running(), _front_stdio(gateway) as (read, write):
             if reload is not None:
                 tg.start_soon(ConfigReloader(gateway, reload).watch, name="config:watch")
-            await gateway.server.run(read, write, gateway.server.create_initialization_options())
+            try:
+                await gateway.server.run(read, write, gateway.server.create_initialization_options())
+            finally:
+                gateway.lean.stop()
         tg.cancel_scope.cancel()
 
 

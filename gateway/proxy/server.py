@@ -143,7 +143,7 @@ class Gateway:
         self._listed: tuple[Any, ...] = ()
         self.server = self._build_server()
         # plain tools/call from a stdio host, below the SDK's server (proxy/lean.py)
-        self.lean = LeanFront(lambda: self.hosts.get("stdio"), self._run_call, self._start)
+        self.lean = LeanFront(lambda: self.hosts.get("stdio"), self._run_call)
 
     def _new_upstream(self, name: str, cfg: ServerConfig) -> Upstream:
         return Upstream(
@@ -159,14 +159,8 @@ class Gateway:
 
     def _spawn(self, task: Callable[[], Awaitable[None]]) -> None:
         """Start a task in the running gateway's task group (nothing happens when it is not running)."""
-        self._start(task)
-
-    def _start(self, task: Callable[[], Awaitable[None]]) -> bool:
-        """`_spawn`, saying whether the task started."""
-        if self._tg is None:
-            return False
-        self._tg.start_soon(task)
-        return True
+        if self._tg is not None:
+            self._tg.start_soon(task)
 
     def _status(self, session_id: str) -> dict[str, Any]:
         """Every plugin's figures for a host connection, and its usage line (`context_status`)."""

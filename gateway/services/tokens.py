@@ -18,6 +18,8 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Mapping
+from itertools import repeat
+from operator import mul
 
 from gateway.services.text import CJK_RUN
 
@@ -92,65 +94,99 @@ class TokenEstimator:
             sample = [text[i * step : i * step + SAMPLE_SLICE] for i in range(SAMPLE_SLICES)]
             per_char = sum(self.estimate(s) for s in sample) / sum(map(len, sample))
             return int(per_char * len(text) * SAMPLE_MARGIN) + 1
-        f = features(text)
-        raw = FIT_MARGIN * sum(RATES[k] * v for k, v in f.items())
-        return int(raw * self._scales[classify(text, f)]) + 1
+        counts = _counts(text)
+        raw = FIT_MARGIN * sum(map(mul, _RATE_VECTOR, counts))
+        return int(raw * self._scales[_kind(text, counts)]) + 1
 
 
-def features(text: str) -> dict[str, int]:
-    """Counts per feature: a few regex passes and C-level list/str methods, no per-character Python."""
+FEATURES = (  # the order `features` counts in (and the rates are summed in)
+    "hangul",
+    "cjk",
+    "word",
+    "hump",
+    "caps",
+    "word_excess",
+    "digit",
+    "num_run",
+    "opaque",
+    "newline",
+    "tab",
+    "space_run",
+    "space",
+    "punct",
+    "punct_run",
+    "other",
+    "wide",
+    "astral",
+)
+_RATE_VECTOR = tuple(RATES[name] for name in FEATURES)
+_CJK_AT, _HANGUL_AT, _PUNCT_AT, _NEWLINE_AT, _SPACE_AT = (
+    FEATURES.index(k) for k in ("cjk", "hangul", "punct", "newline", "space")
+)
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    """The feature counts in `FEATURES` order: a few regex passes and C-level list/str methods, no
+    per-character Python (and no dict: the estimate runs on every small result)."""
     n = len(text)
     lengths = list(map(len, _WORD.findall(text)))
-    by_length = [lengths.count(k) for k in range(1, 7)]
     letters = sum(lengths)
     numbers = list(map(len, _NUM_RUN.findall(text)))
     spaces = list(map(len, _SPACE_RUN.findall(text)))
     puncts = list(map(len, _PUNCT_RUN.findall(text)))
-    non_ascii = n - len(text.encode("ascii", "ignore"))
+    non_ascii = 0 if text.isascii() else n - len(text.encode("ascii", "ignore"))
     cjk = sum(map(len, CJK_RUN.findall(text))) if non_ascii else 0
     hangul = sum(map(len, _HANGUL_RUN.findall(text))) if cjk else 0
     wide = sum(map(len, _WIDE_RUN.findall(text))) - cjk if non_ascii else 0
     caps = list(map(len, _CAPS_RUN.findall(text)))
-    return {
-        "hangul": hangul,
-        "cjk": cjk - hangul,
-        "word": len(lengths),
-        "hump": len(_HUMP.findall(text)),
-        "caps": sum(caps) - 4 * len(caps),
-        "word_excess": letters - sum(k * c for k, c in enumerate(by_length, 1)) - 6 * (len(lengths) - sum(by_length)),
-        "digit": sum(numbers),
-        "num_run": len(numbers),
-        "opaque": sum(map(len, _OPAQUE.findall(text))),
-        "newline": text.count("\n"),
-        "tab": text.count("\t"),
-        "space_run": len(spaces),
-        "space": sum(spaces),
-        "punct": sum(puncts),
-        "punct_run": len(puncts),
-        "other": non_ascii - cjk,
-        "wide": wide,
-        "astral": (len(text.encode("utf-16-le")) // 2 - n) if non_ascii else 0,
-    }
+    return (
+        hangul,
+        cjk - hangul,
+        len(lengths),
+        len(_HUMP.findall(text)),
+        sum(caps) - 4 * len(caps),
+        letters - sum(map(min, lengths, repeat(6))),  # letters beyond the 6th of each run
+        sum(numbers),
+        len(numbers),
+        sum(map(len, _OPAQUE.findall(text))),
+        text.count("\n"),
+        text.count("\t"),
+        len(spaces),
+        sum(spaces),
+        sum(puncts),
+        len(puncts),
+        non_ascii - cjk,
+        wide,
+        (len(text.encode("utf-16-le")) // 2 - n) if non_ascii else 0,
+    )
+
+
+def features(text: str) -> dict[str, int]:
+    """Counts per feature (the names of `RATES`)."""
+    return dict(zip(FEATURES, _counts(text), strict=True))
 
 
 def classify(text: str, feats: Mapping[str, int] | None = None) -> str:
     """prose, code, json or cjk: the kind whose calibrated rate applies."""
-    f = feats or features(text)
+    return _kind(text, tuple(feats[k] for k in FEATURES) if feats is not None else _counts(text))
+
+
+def _kind(text: str, counts: tuple[int, ...]) -> str:
     chars = max(1, len(text))
-    if (f["cjk"] + f["hangul"]) * 3 >= chars:
+    if (counts[_CJK_AT] + counts[_HANGUL_AT]) * 3 >= chars:
         return "cjk"
+    punct = counts[_PUNCT_AT]
     head = text.lstrip()[:1]
-    if head in ("{", "[") and f["punct"] * 8 >= chars:
+    if head in ("{", "[") and punct * 8 >= chars:
         return "json"
-    if f["punct"] * 12 >= chars and f["newline"] and (f["space"] or f["punct"] * 6 >= chars):
+    if punct * 12 >= chars and counts[_NEWLINE_AT] and (counts[_SPACE_AT] or punct * 6 >= chars):
         return "code"
     return "prose"
 
 
 def raw_estimate(text: str) -> float:
     """The built-in estimate, before calibration."""
-    f = features(text)
-    return FIT_MARGIN * sum(RATES[k] * v for k, v in f.items())
+    return FIT_MARGIN * sum(map(mul, _RATE_VECTOR, _counts(text)))
 
 
 ESTIMATOR = TokenEstimator()
