@@ -7,6 +7,7 @@ different SDK version logs one warning at start so a breakage is traced here fir
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import sys
 from importlib.metadata import PackageNotFoundError, version
@@ -100,6 +101,7 @@ def wire_problem(method: str, result: dict[str, Any]) -> str | None:
     return None
 
 
+@functools.cache  # a pure function of the SDK's static tables; 14 us a call uncached
 def later_revision_fields(method: str, version: str) -> frozenset[str]:
     """Result keys a protocol revision newer than `version` adds, which `ClientSession` drops before it
     validates a result (the lean path reads `tools/call` results the same way)."""
