@@ -1,0 +1,93 @@
+"""The gateway's own time per small call on the lean path, without pipes or an upstream process: a
+host's `tools/call` is handed to the lean path as decoded JSON and the upstream's reply is handed back
+at once, so what is timed is only the gateway's work (routing, the plugin pipeline, the usage figures,
+reading and writing the result, the event loop). `--profile` prints where it goes.
+
+    python bench/lean_cpu.py [--calls 5000] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import json
+import pstats
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import anyio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import write_config
+
+from gateway.proxy.server import Gateway
+from gateway.settings import load_settings
+
+
+class Host:
+    """What the lean path needs of a host's session."""
+
+    protocol_version = "2025-11-25"
+    client_capabilities = None
+
+    async def send_tool_list_changed(self) -> None: ...
+    async def send_resource_list_changed(self) -> None: ...
+    async def send_prompt_list_changed(self) -> None: ...
+
+
+async def main(n: int, profile: bool, plugins: list[str]) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="ctx-bench-"))
+    gateway = Gateway(load_settings(write_config(tmp / "c.toml", tmp / "ws", plugins), environ={}))
+    async with gateway.running():
+        await gateway.wait_ready()
+        upstream = gateway.upstreams["demo"]
+        loop = asyncio.get_running_loop()
+
+        async def answer_at_once(data: bytes) -> None:  # the upstream's reply, as its reader would hand it over
+            request = json.loads(data)
+            if "id" in request:
+                text = request["params"]["arguments"]["text"]
+                reply = {"jsonrpc": "2.0", "id": request["id"], "result": {"content": [{"type": "text", "text": text}]}}
+                loop.call_soon(upstream.raw.intercept, json.loads(json.dumps(reply)))
+
+        upstream.raw.attach(answer_at_once)
+        gateway.hosts["stdio"] = Host()
+        answered = asyncio.Event()
+
+        async def to_host(data: bytes) -> None:
+            answered.set()
+
+        take = gateway.lean.intercept(to_host)
+
+        async def one(i: int) -> None:
+            answered.clear()
+            request = {"jsonrpc": "2.0", "id": i, "method": "tools/call"}
+            request["params"] = {"name": "demo__echo", "arguments": {"text": f"call {i}"}}
+            assert take(json.loads(json.dumps(request))), "the lean path did not take the call"
+            await answered.wait()
+
+        for i in range(300):
+            await one(i)
+        profiler = cProfile.Profile()
+        if profile:
+            profiler.enable()
+        began = time.perf_counter()
+        for i in range(n):
+            await one(i)
+        per_call = (time.perf_counter() - began) / n * 1e6
+        if profile:
+            profiler.disable()
+            pstats.Stats(profiler).sort_stats("cumtime").print_stats(40)
+    print(f"plugins {', '.join(plugins) or 'none'}: {per_call:.0f} us of the gateway's own time per call ({n} calls)")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--calls", type=int, default=5000)
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+    for chosen in ([], ["offload", "memory", "documents", "monitor"]):
+        anyio.run(main, args.calls, args.profile, chosen)
