@@ -120,7 +120,8 @@ async def _answers(tmp_path: Path, lean: bool) -> tuple[list[dict], list[dict]]:
             answer = await host.call(name, arguments, **extra)
             answers.append({k: v for k, v in answer.items() if k != "id"})
         ids = [await host.call("p__request_id", {}) for _ in range(2)]
-        big = await host.call("p__big", {"size": 3_000_000, "kind": "structured"})
+        # above the 4 MB spool threshold: the reply is read from disk with its long strings left there
+        big = await host.call("p__big", {"size": 6_000_000, "kind": "structured"})
     return answers, [ids[0]["result"], ids[1]["result"], big["result"]]
 
 
