@@ -15,9 +15,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import pct, table
-from memory import naive_bm25
-
-from plugins.documents import DocumentStore
 
 TOPICS = [
     "install",
@@ -57,8 +54,9 @@ def vocabulary() -> list[str]:
     return [w for w, _ in counts.most_common(20000)] or TOPICS
 
 
-VOCAB = vocabulary()
-WEIGHTS = [1 / (rank + 10) for rank in range(len(VOCAB))]
+# filled in main(): a worker process the documents plugin starts imports this module again
+VOCAB: list[str] = []
+WEIGHTS: list[float] = []
 LANGS = ("python", "bash", "typescript", "json", "toml", "go")
 
 
@@ -80,6 +78,13 @@ def page(rng: random.Random, n: int) -> str:
 
 
 def main(mb: int) -> None:
+    # imported here, not at the top: the ingest's worker process imports this module again
+    from memory import naive_bm25
+
+    from plugins.documents import DocumentStore
+
+    VOCAB[:] = vocabulary()
+    WEIGHTS[:] = [1 / (rank + 10) for rank in range(len(VOCAB))]
     rng = random.Random(9)
     docs, size = [], 0
     while size < mb * 2**20:

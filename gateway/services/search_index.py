@@ -146,8 +146,9 @@ class SearchIndex:
             raise
         return db
 
-    def add(self, rows: Iterable[tuple[str, str, Sequence[object]]]) -> None:
-        """Rows of (key, text, extra column values)."""
+    def add(self, rows: Iterable[tuple[str, str, Sequence[object]] | tuple[str, str, Sequence[object], str]]) -> None:
+        """Rows of (key, text, extra column values), and optionally the text's `expand` when the caller
+        made it already (documents do, in a worker process for large ones)."""
         cols = ", ".join(["key", *self.columns, "body", "extra"])
         marks = ", ".join("?" * (len(self.columns) + 3))
         with self.lock:
@@ -155,7 +156,7 @@ class SearchIndex:
             try:
                 self.db.executemany(
                     f"INSERT INTO {self.table} ({cols}) VALUES ({marks})",
-                    ((key, *values, text, expand(text)) for key, text, values in rows),
+                    ((row[0], *row[2], row[1], row[3] if len(row) > 3 else expand(row[1])) for row in rows),
                 )
                 self.db.execute("COMMIT")
             except BaseException:

@@ -9,12 +9,17 @@ code by top-level blocks.
 
 from __future__ import annotations
 
+import logging
 import re
+from bisect import bisect_left
 from dataclasses import dataclass
 
 from markdown_it import MarkdownIt
 
+from gateway.services.search_index import expand
 from gateway.services.tokens import estimate_tokens
+
+log = logging.getLogger("plugins.documents")
 
 CHUNK_TOKENS = 700
 CODE_SUFFIXES = {
@@ -76,6 +81,115 @@ def kind_of(name: str, text: str) -> str:
     if len(_MD_HINT.findall(text[:20000])) >= 2:
         return "markdown"
     return "text"
+
+
+def index_text(chunk: Chunk) -> str:
+    """What the search index holds of a chunk: its heading path, then its text."""
+    return f"{chunk.heading}\n{chunk.text}"
+
+
+PARALLEL_ABOVE = 4 * 2**20  # characters; below, one process does it all (a second one takes ~0.4 s to start)
+# patterns that start with a literal newline: the regex engine jumps from newline to newline
+_LEVEL1 = re.compile(r"\n\n# ")  # a level-1 heading after a blank line (it starts 2 characters in)
+_FENCE_LINE = re.compile(r"\n {0,3}(`{3,}|~{3,})([^\n]*)")
+_ODD_BREAKS = re.compile("[\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")  # line breaks markdown-it and splitlines count apart
+
+
+def indexed_chunks(
+    text: str, kind: str, size: int = CHUNK_TOKENS, parallel_above: int = PARALLEL_ABOVE
+) -> tuple[list[Chunk], list[str]]:
+    """The chunks of a document and each one's `extra` search column (`search_index.expand`).
+
+    A Markdown text above `parallel_above` characters is done in two halves at once, the second in a
+    worker process (the work is Python, so a thread would not help): cut at a level-1 heading near the
+    middle, where the chunker starts afresh anyway, and only where the first half is seen to end
+    cleanly (no code fence or raw HTML block left open), so the chunks are exactly those of one pass.
+    """
+    if kind == "markdown" and len(text) > parallel_above and (cut := _half_point(text)) is not None:
+        try:
+            done = _in_two_halves(text, cut, size)
+        except (OSError, RuntimeError) as exc:  # no worker process here (BrokenProcessPool is a RuntimeError)
+            log.warning("ingesting in one process: a worker process could not run (%s)", exc)
+            done = None
+        if done is not None:
+            return done
+    chunks = chunk_document(text, kind, size)
+    return chunks, [expand(index_text(c)) for c in chunks]
+
+
+def _half_point(text: str) -> int | None:
+    """Where a level-1 heading starts, nearest the middle, outside every code fence; None if none."""
+    if _ODD_BREAKS.search(text):
+        return None
+    middle = len(text) // 2
+    fences = [(m.start(), m.group(1), m.group(2)) for m in _FENCE_LINE.finditer("\n" + text)]  # line starts
+    open_at: list[tuple[int, int]] = []  # (start, end) of fenced code
+    opener: tuple[int, str] | None = None
+    for start, marker, rest in fences:
+        if opener is None:
+            if not (marker[0] == "`" and "`" in rest):  # a backtick fence's info string has no backtick
+                opener = (start, marker)
+        elif marker[0] == opener[1][0] and len(marker) >= len(opener[1]) and not rest.strip():
+            open_at.append((opener[0], start))
+            opener = None
+    if opener is not None:
+        open_at.append((opener[0], len(text)))
+    starts = [a for a, _ in open_at]
+    best = None
+    for m in _LEVEL1.finditer(text):
+        at = m.start() + 2
+        inside = bisect_left(starts, at) - 1  # the last fence opened before this line (fences are in order)
+        if inside >= 0 and at <= open_at[inside][1]:
+            continue
+        if best is None or abs(at - middle) < abs(best - middle):
+            best = at
+    if best is None or not len(text) // 4 < best < 3 * len(text) // 4:
+        return None  # no heading near the middle: one pass
+    return best
+
+
+def _closed(block: Block) -> bool:
+    """Whether a block ends where it says: a code fence with its closing line (an indented code block
+    always ends at a line that is not indented); every other kind does."""
+    if block.kind != "fence" or (opening := _FENCE_OPEN.match(block.text.split("\n", 1)[0])) is None:
+        return True
+    marker = opening.group(2)
+    lines = block.text.rstrip("\n").split("\n")
+    closing = lines[-1].strip() if len(lines) > 1 else ""
+    return closing.startswith(marker[0] * len(marker)) and not closing.strip(marker[0])
+
+
+def _tail_part(text: str, size: int) -> tuple[list[Chunk], list[str], tuple[str, int, int]]:
+    """The second half, in the worker process: its chunks, their search column, and its first block."""
+    blocks = markdown_blocks(text)
+    first = (blocks[0].kind, blocks[0].level, blocks[0].line) if blocks else ("", 0, -1)
+    chunks = pack(blocks, size)
+    return chunks, [expand(index_text(c)) for c in chunks], first
+
+
+def _in_two_halves(text: str, cut: int, size: int) -> tuple[list[Chunk], list[str]] | None:
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    head = text[:cut]
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as worker:
+        tail = worker.submit(_tail_part, text[cut:], size)
+        blocks = markdown_blocks(head)
+        last = blocks[-1] if blocks else None
+        # the chunker starts afresh at the heading only after a block that is not a heading, and the
+        # first half must not end inside a fence or a raw HTML block (which a heading does not close)
+        if last is None or last.kind == "heading" or not _closed(last) or last.text.lstrip().startswith("<"):
+            tail.cancel()
+            return None
+        chunks = pack(blocks, size)
+        extras = [expand(index_text(c)) for c in chunks]
+        tail_chunks, tail_extras, first = tail.result()
+    if first != ("heading", 1, 0):
+        return None
+    offset = head.count("\n")
+    for chunk in tail_chunks:
+        chunk.line += offset
+    return chunks + tail_chunks, extras + tail_extras
 
 
 def chunk_document(text: str, kind: str, size: int = CHUNK_TOKENS) -> list[Chunk]:

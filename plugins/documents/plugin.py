@@ -1,0 +1,453 @@
+"""The documents plugin: its tools, settings and the SQLite store of documents and chunks."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import stat
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from gateway.args import Args, ToolInputError
+from gateway.handlers import guarded, tool
+from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall
+from gateway.services.responses import ID_PATTERN, StoreError, saved_kind
+from gateway.services.search_index import SearchIndex
+from plugins.documents.chunker import index_text, indexed_chunks, kind_of
+
+log = logging.getLogger("plugins.documents")
+
+MAX_FILE_BYTES = 64 * 1024 * 1024
+MAX_DIR_FILES = 2000
+MAX_JSON_AS_TEXT = 4 * 1024 * 1024
+
+
+class IngestError(ValueError):
+    pass
+
+
+def _same_or_below(path: Path, root: Path) -> bool:
+    if sys.platform == "win32":  # pragma: no cover
+        return [p.lower() for p in path.parts[: len(root.parts)]] == [p.lower() for p in root.parts]
+    return path.parts[: len(root.parts)] == root.parts
+
+
+def resolve_ingest_path(raw: str, roots: list[Path]) -> Path:
+    """A real path below one of the roots, compared by whole segments after resolving symlinks."""
+    if not roots:
+        raise IngestError(
+            "doc_ingest reads files only below configured ingest roots, and none are configured. Pass the "
+            "content as `text`, or start the gateway with --ingest-root /absolute/dir (or CTX_INGEST_ROOTS, "
+            "or ingest_roots = [...] under [plugins.documents] in the config)."
+        )
+    if "\x00" in raw:
+        raise IngestError("file_path contains a NUL byte")
+    candidate = Path(os.path.expanduser(raw))
+    if ".." in candidate.parts:
+        raise IngestError("file_path may not contain '..'; give the path as it is")
+    if not candidate.is_absolute():
+        candidate = roots[0] / candidate
+    real_roots = [Path(os.path.realpath(r)) for r in roots]
+    try:
+        real = Path(os.path.realpath(candidate, strict=True))
+    except OSError:
+        raise IngestError(f"{raw} does not exist") from None
+    if not any(_same_or_below(real, root) for root in real_roots):
+        allowed = ", ".join(str(r) for r in real_roots)
+        raise IngestError(f"{raw} resolves to {real}, which is outside the ingest roots ({allowed})")
+    mode = os.stat(real).st_mode
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise IngestError(f"{raw} is not a regular file (device, pipe or socket); only text files can be ingested")
+    return real
+
+
+def read_text_file(path: Path) -> str:
+    size = path.stat().st_size
+    if size > MAX_FILE_BYTES:
+        raise IngestError(f"{path.name} is {size // 2**20} MB; the limit is {MAX_FILE_BYTES // 2**20} MB per file")
+    data = path.read_bytes()
+    if b"\x00" in data[:8192]:
+        raise IngestError(
+            f"{path.name} is a binary file; only UTF-8 text can be ingested (this is not a PDF or Office extractor)"
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise IngestError(
+            f"{path.name} is not UTF-8 text (invalid byte at offset {exc.start}); convert it to UTF-8 first"
+        ) from None
+
+
+class DocumentStore:
+    """Documents and chunks in one SQLite file: metadata, chunk text, and the FTS5 index."""
+
+    def __init__(self, path: Path):
+        schema = """
+            CREATE TABLE IF NOT EXISTS docs (doc_id TEXT PRIMARY KEY, title TEXT, source TEXT, sha TEXT, kind TEXT,
+                chunks INTEGER, tokens INTEGER, bytes INTEGER, created REAL, outline TEXT);
+            CREATE TABLE IF NOT EXISTS chunks (doc_id TEXT, idx INTEGER, heading TEXT, text TEXT, tokens INTEGER,
+                line INTEGER, part TEXT, PRIMARY KEY (doc_id, idx));
+        """
+        self.index = SearchIndex(path, table="chunk_index", columns=("doc", "idx"), schema=schema)
+        self.db = self.index.db
+        self.lock = self.index.lock
+        self.damaged_note = ""
+        if self.index.recovered_from is not None:
+            self.damaged_note = (
+                f"the documents index was damaged and moved to {self.index.recovered_from.name}; documents "
+                "ingested before must be ingested again (doc_ingest)"
+            )
+
+    def get(self, doc_id: str) -> dict[str, Any] | None:
+        with self.lock:
+            row = self.db.execute(
+                "SELECT doc_id, title, source, sha, kind, chunks, tokens, bytes, outline FROM docs WHERE doc_id = ?",
+                (doc_id,),
+            ).fetchone()
+        if row is None:
+            return None
+        keys = ("doc_id", "title", "source", "sha", "kind", "chunks", "tokens", "bytes", "outline")
+        out = dict(zip(keys, row, strict=True))
+        out["outline"] = json.loads(out["outline"] or "[]")
+        return out
+
+    def put(self, doc_id: str, title: str, source: str, text: str, kind: str) -> dict[str, Any]:
+        sha = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+        existing = self.get(doc_id)
+        if existing and existing["sha"] == sha:
+            return existing | {"unchanged": True}
+        chunks, extras = indexed_chunks(text, kind)
+        outline = []
+        seen = set()
+        for c in chunks:
+            if c.heading and c.heading not in seen and len(outline) < 40:
+                seen.add(c.heading)
+                outline.append(c.heading)
+        with self.lock:
+            self.forget(doc_id)
+            self.db.execute("BEGIN")
+            try:
+                self.db.executemany(
+                    "INSERT INTO chunks VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    ((doc_id, i, c.heading, c.text, c.tokens, c.line, c.part) for i, c in enumerate(chunks)),
+                )
+                self.db.execute(
+                    "INSERT INTO docs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        doc_id,
+                        title,
+                        source,
+                        sha,
+                        kind,
+                        len(chunks),
+                        sum(c.tokens for c in chunks),
+                        len(text),
+                        time.time(),
+                        json.dumps(outline, ensure_ascii=False),
+                    ),
+                )
+                self.db.execute("COMMIT")
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+            self.index.add(
+                (f"{doc_id}:{i}", index_text(c), (doc_id, i), extra)
+                for i, (c, extra) in enumerate(zip(chunks, extras, strict=True))
+            )
+        return self.get(doc_id) | {"unchanged": False, "replaced": existing is not None}
+
+    def forget(self, doc_id: str) -> bool:
+        with self.lock:
+            found = self.get(doc_id) is not None
+            self.db.execute("DELETE FROM chunks WHERE doc_id = ?", (doc_id,))
+            self.db.execute("DELETE FROM docs WHERE doc_id = ?", (doc_id,))
+            self.index.delete("doc = ?", (doc_id,))
+        return found
+
+    def chunks(self, doc_id: str, start: int, end: int) -> list[dict[str, Any]]:
+        with self.lock:
+            rows = self.db.execute(
+                "SELECT idx, heading, text, tokens, part FROM chunks WHERE doc_id = ? AND idx BETWEEN ? "
+                "AND ? ORDER BY idx",
+                (doc_id, start, end),
+            ).fetchall()
+        return [
+            {"doc_id": doc_id, "index": i, "heading": h, "text": t, "tokens": n, **({"part": p} if p else {})}
+            for i, h, t, n, p in rows
+        ]
+
+    def list(self) -> list[dict[str, Any]]:
+        with self.lock:
+            rows = self.db.execute(
+                "SELECT doc_id, title, source, chunks, tokens FROM docs ORDER BY created DESC"
+            ).fetchall()
+        return [dict(zip(("doc_id", "title", "source", "chunks", "tokens"), r, strict=True)) for r in rows]
+
+
+class DocumentsSettings(BaseModel):
+    """`[plugins.documents]`"""
+
+    model_config = ConfigDict(extra="forbid")
+    ingest_roots: list[Path] = Field(default_factory=list)  # doc_ingest may read only below these
+
+    @field_validator("ingest_roots", mode="before")
+    @classmethod
+    def _split_roots(cls, value: Any) -> Any:
+        if isinstance(value, str):  # CTX_INGEST_ROOTS="a:b" (os.pathsep) or a JSON list
+            value = json.loads(value) if value.startswith("[") else [v for v in value.split(os.pathsep) if v]
+        return [Path(os.path.expanduser(str(v))) for v in value]
+
+
+class DocumentsPlugin(Plugin):
+    name = "documents"
+    order = 300
+    settings_model = DocumentsSettings
+
+    def __init__(self) -> None:
+        self.ctx: GatewayContext | None = None
+        self.stores: dict[str, DocumentStore] = {}  # one per namespace
+        self.settings = DocumentsSettings()
+
+    async def start(self, ctx: GatewayContext) -> None:
+        self.ctx = ctx
+        self._store("")  # a damaged index is found (and moved aside) at start
+
+    async def stop(self) -> None:
+        for store in self.stores.values():
+            store.index.close()
+
+    def status(self, session_id: str) -> dict[str, Any]:
+        notes = [f"{ns or 'default'}: {store.damaged_note}" for ns, store in self.stores.items() if store.damaged_note]
+        return {"warning": "; ".join(notes)} if notes else {}
+
+    def tools(self) -> list[PluginTool]:
+        doc = {"doc_id": {"type": "string", "description": "from doc_ingest/doc_list, or an offloaded resp_ id"}}
+        handle = lambda fn: guarded(fn, (IngestError, StoreError))  # noqa: E731
+        return [
+            tool(
+                "doc_ingest",
+                "Split a large document (file_path below the ingest roots, or text) into searchable "
+                "chunks by its headings. Re-ingesting an unchanged file is instant.",
+                handle(self.ingest),
+                {"file_path": {"type": "string"}, "text": {"type": "string"}, "title": {"type": "string"}},
+            ),
+            tool(
+                "doc_search",
+                "Find the chunks of ingested documents that match a query, packed into max_tokens.",
+                handle(self.search),
+                {"query": {"type": "string"}, **doc, "limit": {"type": "integer"}, "max_tokens": {"type": "integer"}},
+                ["query"],
+            ),
+            tool(
+                "doc_window",
+                "Read consecutive chunks start..end of a document.",
+                handle(self.window),
+                {**doc, "start": {"type": "integer"}, "end": {"type": "integer"}},
+                ["doc_id", "start"],
+            ),
+            tool("doc_list", "List ingested documents.", handle(self.list)),
+            tool("doc_forget", "Remove an ingested document and its chunks.", handle(self.forget), doc, ["doc_id"]),
+        ]
+
+    def _budget(self, session_id: str | None = None) -> int:
+        assert self.ctx is not None
+        return self.ctx.window.budget(session_id)
+
+    def _store(self, namespace: str) -> DocumentStore:
+        if namespace not in self.stores:
+            assert self.ctx is not None, "documents plugin not started"
+            self.stores[namespace] = DocumentStore(self.ctx.namespace_dir(namespace) / "documents" / "index.sqlite")
+        return self.stores[namespace]
+
+    # -- ingest ----------------------------------------------------------------------------------
+
+    async def ingest(self, args: Args, call: ToolCall) -> dict[str, Any]:
+        assert self.ctx is not None
+        file_path = args.str("file_path")
+        text = args.str("text", max_len=MAX_FILE_BYTES)
+        title = args.str("title", max_len=300)
+        if (file_path is None) == (text is None):
+            raise ToolInputError("doc_ingest: give either file_path or text")
+        if file_path is not None and not file_path.strip():
+            raise ToolInputError("doc_ingest: `file_path` is empty; give a file or folder below an ingest root")
+        if text is not None:
+            if not text.strip():
+                raise ToolInputError("doc_ingest: `text` is empty")
+            doc_id = "doc_" + hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:10]
+            name = title or text.strip().splitlines()[0][:80]
+            result = await anyio.to_thread.run_sync(
+                self._store(call.namespace).put, doc_id, name, "inline", text, kind_of(title or "", text)
+            )
+            return self._ingested(result)
+        roots = self.settings.ingest_roots
+        real = resolve_ingest_path(file_path, roots)
+        if real.is_dir():
+            return await self._ingest_dir(real, roots, call)
+        body = await anyio.to_thread.run_sync(read_text_file, real)
+        result = await anyio.to_thread.run_sync(
+            self._store(call.namespace).put,
+            _file_id(real),
+            title or real.name,
+            str(real),
+            body,
+            kind_of(real.name, body),
+        )
+        return self._ingested(result)
+
+    async def _ingest_dir(self, folder: Path, roots: list[Path], call: ToolCall) -> dict[str, Any]:
+        files: list[Path] = []
+        for base, dirs, names in os.walk(folder, followlinks=False):
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            for name in sorted(names):
+                if not name.startswith("."):
+                    files.append(Path(base) / name)
+            if len(files) > MAX_DIR_FILES:
+                raise IngestError(f"{folder} holds more than {MAX_DIR_FILES} files; ingest a smaller folder")
+        done, skipped = [], []
+        for i, path in enumerate(files):
+            await call.report_progress(i, len(files), f"ingesting {path.name}")
+            try:
+                real = resolve_ingest_path(str(path), roots)
+                body = await anyio.to_thread.run_sync(read_text_file, real)
+            except IngestError as exc:
+                skipped.append({"file": str(path.relative_to(folder)), "reason": str(exc)})
+                continue
+            result = await anyio.to_thread.run_sync(
+                self._store(call.namespace).put, _file_id(real), real.name, str(real), body, kind_of(real.name, body)
+            )
+            done.append(
+                {
+                    "doc_id": result["doc_id"],
+                    "file": str(path.relative_to(folder)),
+                    "chunks": result["chunks"],
+                    "unchanged": result["unchanged"],
+                }
+            )
+        await call.report_progress(len(files), len(files), "done")
+        return {"folder": str(folder), "ingested": done, "skipped": skipped, "chunks": sum(d["chunks"] for d in done)}
+
+    def _ingested(self, result: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "doc_id": result["doc_id"],
+            "title": result["title"],
+            "chunks": result["chunks"],
+            "tokens": result["tokens"],
+            "unchanged": result.get("unchanged", False),
+            "replaced": result.get("replaced", False),
+            "outline": result["outline"][:25],
+            "next": f"doc_search(query='...', doc_id='{result['doc_id']}') or doc_window(doc_id="
+            f"'{result['doc_id']}', start=0)",
+        }
+
+    def _ensure(self, doc_id: str, namespace: str) -> dict[str, Any]:
+        """A known document, or an offloaded response ingested on first use."""
+        found = self._store(namespace).get(doc_id)
+        if found is not None:
+            return found
+        if ID_PATTERN.match(doc_id):
+            assert self.ctx is not None
+            path = self.ctx.responses_for(namespace).resolve(doc_id)
+            if saved_kind(path) == "json":
+                if path.stat().st_size > MAX_JSON_AS_TEXT:
+                    raise IngestError(f"{doc_id} is a large JSON result; use response_search / response_slice on it")
+                text = json.dumps(json.loads(path.read_text(encoding="utf-8")), indent=1, ensure_ascii=False)
+                kind = "code"
+            elif saved_kind(path) == "text":
+                text = read_text_file(path)
+                kind = kind_of(path.name, text)
+            else:
+                raise IngestError(f"{doc_id} is binary; it cannot be read as a document")
+            return self._store(namespace).put(doc_id, path.name, str(path), text, kind)
+        known = ", ".join(d["doc_id"] for d in self._store(namespace).list()[:10]) or "none yet"
+        raise IngestError(f"unknown doc_id {doc_id!r}; known documents: {known}")
+
+    # -- reading -----------------------------------------------------------------------------------
+
+    async def search(self, args: Args, call: ToolCall) -> dict[str, Any]:
+        query = args.str("query", required=True, max_len=2000)
+        doc_id = args.str("doc_id")
+        limit = args.int("limit", 5, lo=1, hi=50)
+        max_tokens = args.int("max_tokens", self._budget(call.session_id) // 2, lo=50, hi=1_000_000)
+        store = self._store(call.namespace)
+        if doc_id:
+            await anyio.to_thread.run_sync(self._ensure, doc_id, call.namespace)
+        where, params = ("doc = ?", (doc_id,)) if doc_id else ("", ())
+        hits = await anyio.to_thread.run_sync(lambda: store.index.search(query, limit * 3, where, params))
+        results, used, left = [], 0, 0
+        for hit in hits:
+            if len(results) >= limit:
+                left += 1
+                continue
+            did, _, idx = hit.key.rpartition(":")
+            chunk = store.chunks(did, int(idx), int(idx))[0]
+            if used + chunk["tokens"] > max_tokens:
+                left += 1
+                continue
+            results.append(chunk | {"score": round(hit.score, 3)})
+            used += chunk["tokens"]
+        out: dict[str, Any] = {"query": query, "results": results, "tokens": used}
+        if not hits:
+            out["note"] = (
+                "no chunk matched; try other words, or doc_window to read in order"
+                if any(ch.isalnum() for ch in query)
+                else "the query has no searchable words"
+            )
+        if left:
+            out["left_out"] = left
+            out["hint"] = "raise max_tokens or limit, or read around a hit with doc_window"
+        return out
+
+    async def window(self, args: Args, call: ToolCall) -> dict[str, Any]:
+        doc_id = args.str("doc_id", required=True)
+        start = args.int("start", required=True, lo=0)
+        end = args.int("end", start, lo=0)
+        if end < start:
+            raise ToolInputError(f"doc_window: end {end} is before start {start}")
+        info = await anyio.to_thread.run_sync(self._ensure, doc_id, call.namespace)
+        total = info["chunks"]
+        if start >= total:
+            raise ToolInputError(
+                f"doc_window: {doc_id} has {total} chunks (0..{total - 1}); start {start} is past the end"
+            )
+        budget = self._budget(call.session_id) // 2
+        chunks = self._store(call.namespace).chunks(doc_id, start, min(end, total - 1))
+        shown, used = [], 0
+        for chunk in chunks:
+            if used + chunk["tokens"] > budget and shown:
+                break
+            shown.append(chunk)
+            used += chunk["tokens"]
+        last = shown[-1]["index"]
+        out: dict[str, Any] = {
+            "doc_id": doc_id,
+            "total_chunks": total,
+            "chunks": shown,
+            "next": last + 1 if last + 1 < total else None,
+        }
+        if last < min(end, total - 1):
+            out["note"] = f"stopped at chunk {last} to stay within {budget} tokens; continue with start={last + 1}"
+        return out
+
+    async def list(self, args: Args, call: ToolCall) -> dict[str, Any]:
+        out: dict[str, Any] = {"documents": self._store(call.namespace).list()}
+        if self._store(call.namespace).damaged_note:
+            out["note"] = self._store(call.namespace).damaged_note
+        return out
+
+    async def forget(self, args: Args, call: ToolCall) -> dict[str, Any]:
+        doc_id = args.str("doc_id", required=True)
+        if not self._store(call.namespace).forget(doc_id):
+            raise ToolInputError(f"doc_forget: unknown doc_id {doc_id!r}")
+        return {"forgotten": doc_id}
+
+
+def _file_id(path: Path) -> str:
+    return "doc_" + hashlib.sha1(str(path).encode("utf-8", "surrogatepass")).hexdigest()[:10]
