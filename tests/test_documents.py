@@ -14,7 +14,7 @@ import mcp_types as types
 import pytest
 from conftest import call, inproc, make_settings, ok, probe, text_of
 
-from plugins.documents.chunker import CHUNK_TOKENS, chunk_document
+from plugins.documents.chunker import CHUNK_TOKENS, _half_point, _in_two_halves, chunk_document
 
 pytestmark = pytest.mark.anyio
 GUIDE = Path(__file__).parent / "fixtures" / "docs" / "guide.md"
@@ -237,3 +237,34 @@ async def test_offloaded_results_are_documents(tmp_path: Path) -> None:
         assert window["chunks"][0]["text"].startswith("line 0:")
         missing = await call(s, "doc_search", {"query": "x", "doc_id": "resp_00000000"})
         assert missing.is_error and "no offloaded response" in text_of(missing)
+
+
+async def test_a_large_markdown_file_is_ingested_in_two_halves_by_a_gateway_process(tmp_path: Path) -> None:
+    """Above 4 MB the chunking runs in two processes; through a real gateway over stdio (its stdout is
+    the protocol) the worker starts, nothing leaks onto the protocol, and the chunks are those of one pass."""
+    from conftest import PY, gateway_env, write_config
+    from mcp import ClientSession
+
+    from gateway.proxy.upstream_stdio import linear_stdio_client
+
+    root = tmp_path / "docs"
+    root.mkdir()
+    part = GUIDE.read_text(encoding="utf-8")
+    sections = [f"# Copy {i}\n\n{part}\n\n" for i in range(4_600_000 // len(part) + 2)]
+    text = "".join(sections)
+    (root / "big.md").write_text(text, encoding="utf-8")
+    expected = chunk_document(text, "markdown")
+    cut = _half_point(text)
+    assert cut is not None and _in_two_halves(text, cut, CHUNK_TOKENS) is not None  # the same code cuts it here
+    cfg = write_config(tmp_path, {}, {"documents": {"ingest_roots": [str(root)]}}, plugins=["documents"], budget=4000)
+    with open(tmp_path / "gw.err", "wb") as errlog:
+        async with (
+            linear_stdio_client(PY, ["-m", "gateway", "--config", str(cfg)], gateway_env(), None, errlog) as streams,
+            ClientSession(*streams) as session,
+        ):
+            await session.initialize()
+            done = await ok(session, "doc_ingest", {"file_path": str(root / "big.md")})
+            window = await ok(session, "doc_window", {"doc_id": done["doc_id"], "start": len(expected) - 1})
+    assert done["chunks"] == len(expected)
+    assert window["chunks"][-1]["text"] == expected[-1].text
+    assert "Traceback" not in (tmp_path / "gw.err").read_text()

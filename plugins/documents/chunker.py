@@ -141,6 +141,9 @@ def _half_point(text: str) -> int | None:
         inside = bisect_left(starts, at) - 1  # the last fence opened before this line (fences are in order)
         if inside >= 0 and at <= open_at[inside][1]:
             continue
+        before = text[text.rfind("\n", 0, at - 2) + 1 : at - 2].strip()
+        if before[:1] == "#" or (before and not before.strip("=-")):
+            continue  # right after another heading (ATX or setext): one pass would join the two
         if best is None or abs(at - middle) < abs(best - middle):
             best = at
     if best is None or not len(text) // 4 < best < 3 * len(text) // 4:
