@@ -4,8 +4,9 @@ A small call through the SDK is parsed, validated and serialized twice on each s
 (`Server` in front, `ClientSession` behind). Here the host's request is taken off the line as decoded
 JSON (`LeanFront`), runs through the same `Gateway.call` and plugin pipeline as every other call, and
 goes to a stdio upstream as one JSON line beside its `ClientSession` (`RawRequests`), whose reply is
-taken off that line before the SDK parses it. The result is validated once (the pipeline reads a
-`CallToolResult`) and serialized once, the way the SDK's server would.
+taken off that line before the SDK parses it. The result is read with the checks of the SDK's client
+and written with those of its server (`parse_result`, `wire_result`), once each, so the host receives
+what the SDK's path would send.
 
 Only what is plain takes this path; everything else goes through the SDK unchanged: a host of the
 2026 era, a request asking for progress, params with fields beyond `name`/`arguments`/`_meta`, a
@@ -43,8 +44,9 @@ ID_PREFIX = "gw-"  # the SDK's ClientSession numbers its requests; these ids are
 
 
 def line(message: dict[str, Any]) -> bytes:
-    """One JSON-RPC message as a line, UTF-8 as the SDK writes it."""
-    return json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass") + b"\n"
+    """One JSON-RPC message as a line, UTF-8 as the SDK writes it. A lone surrogate (only ever inside a
+    JSON string) is written as its JSON escape `\\udXXX`, so the line stays valid UTF-8."""
+    return json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "backslashreplace") + b"\n"
 
 
 class _Waiter:

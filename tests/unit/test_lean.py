@@ -35,6 +35,8 @@ def test_a_line_is_compact_utf8_json() -> None:
     out = line({"text": "한국어", "n": 1})
     assert out.endswith(b"\n") and json.loads(out) == {"text": "한국어", "n": 1}
     assert "한국어".encode() in out
+    lone = line({"text": "a\ud800b"})  # a lone surrogate from an upstream's JSON escape: escaped again
+    assert lone.decode("utf-8") and json.loads(lone) == {"text": "a\ud800b"}
 
 
 def _recorded() -> tuple[RawRequests, list[dict], Any]:
