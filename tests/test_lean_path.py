@@ -227,3 +227,13 @@ async def test_a_2026_host_on_stdio_is_answered_by_the_sdk_path(tmp_path: Path) 
     for answer in called:  # the era's envelope on the reply, and the upstream saw the SDK's ids
         assert answer["result"]["resultType"] == "complete"
         assert answer["result"]["content"][0]["text"].startswith("int:")
+
+
+@pytest.mark.parametrize("lean", [True, False])
+async def test_a_lone_surrogate_in_a_result_reaches_the_host_as_valid_json(tmp_path: Path, lean: bool) -> None:
+    raw = {"command": PY, "args": [str(Path(__file__).parent / "servers" / "raw_server.py"), "--surrogate"]}
+    async with raw_host(tmp_path, {"raw": raw, "p": probe("p", env=WIRE)}, lean_path=lean) as host:
+        odd = await host.call("raw__lone_surrogate", {})
+        after = await host.call("p__echo", {"text": "still serving"})
+    assert "a" in str(odd["result"]) and odd["result"]["content"][0]["text"].startswith("a")
+    assert after["result"]["content"][0]["text"] == "still serving"

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -34,6 +33,7 @@ from pydantic import ValidationError
 import gateway.compat as compat
 from gateway.plugin import ToolCall
 from gateway.proxy.host_sessions import forwardable_meta, is_modern
+from gateway.proxy.stdio_lines import json_line as line
 
 log = logging.getLogger("gateway.lean")
 
@@ -41,12 +41,6 @@ Send = Callable[[bytes], Awaitable[Any]]
 Progress = Callable[[], None]  # an upstream reported progress (it resets the call's clock)
 CANCEL_WRITE_TIMEOUT = 2.0
 ID_PREFIX = "gw-"  # the SDK's ClientSession numbers its requests; these ids are strings and never collide
-
-
-def line(message: dict[str, Any]) -> bytes:
-    """One JSON-RPC message as a line, UTF-8 as the SDK writes it. A lone surrogate (only ever inside a
-    JSON string) is written as its JSON escape `\\udXXX`, so the line stays valid UTF-8."""
-    return json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "backslashreplace") + b"\n"
 
 
 class _Waiter:

@@ -18,6 +18,7 @@ import anyio
 import anyio.to_thread
 import mcp_types as types
 from mcp.shared.message import SessionMessage
+from pydantic_core import PydanticSerializationError
 
 from gateway.services.spill import LineBuffer, Spiller
 
@@ -105,14 +106,25 @@ async def _read_spool(
     return _validate(raw, peer, lambda: "<a long line>")
 
 
+def json_line(message: dict[str, Any]) -> bytes:
+    """One JSON-RPC message as a line, UTF-8 as the SDK writes it. A lone surrogate (only ever inside a
+    JSON string: an upstream sent its escape) is written as that escape again, `\\udXXX`, so the line
+    stays valid UTF-8."""
+    return json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "backslashreplace") + b"\n"
+
+
 async def pump_writes(
     write_recv: anyio.abc.ObjectReceiveStream[SessionMessage], send: Callable[[bytes], Awaitable[Any]]
 ) -> None:
     """Messages from a stream to a byte sink, one JSON line each."""
     async with write_recv:
         async for message in write_recv:
-            data = message.message.model_dump_json(by_alias=True, exclude_unset=True)
-            await send(data.encode("utf-8") + b"\n")
+            try:
+                data = message.message.model_dump_json(by_alias=True, exclude_unset=True).encode("utf-8") + b"\n"
+            except PydanticSerializationError:  # a lone surrogate, which pydantic will not write: the
+                # message was lost and its request left unanswered
+                data = json_line(message.message.model_dump(by_alias=True, exclude_unset=True, mode="json"))
+            await send(data)
 
 
 _NOT_JSON = object()

@@ -20,6 +20,12 @@ if "--bad-schemas" in sys.argv:  # definitions the strict schema rejects outrigh
     ]
 
 
+if "--surrogate" in sys.argv:  # a reply holding a lone surrogate (a JSON escape no UTF-8 can carry)
+    TOOLS.append(
+        {"name": "lone_surrogate", "description": "Answer a lone surrogate.", "inputSchema": {"type": "object"}}
+    )
+
+
 if "--cut" in sys.argv:  # a tool whose reply stops half way: the process dies mid-line
     TOOLS.append({"name": "cut", "description": "Die while answering.", "inputSchema": {"type": "object"}})
 
@@ -52,6 +58,8 @@ for line in sys.stdin:
         sys.stdout.write(head[: head.index('"x"') + 1] + "partial " * 1_000_000)
         sys.stdout.flush()
         sys.exit(1)
+    elif method == "tools/call" and msg["params"]["name"] == "lone_surrogate":
+        reply(msg_id, {"content": [{"type": "text", "text": "a\ud800b"}]})
     elif method == "tools/call":
         args = msg["params"].get("arguments") or {}
         reply(msg_id, {"content": [{"type": "text", "text": f"{msg['params']['name']}:{args.get('text', '')}"}]})

@@ -10,7 +10,8 @@ import mcp_types as types
 import pytest
 from mcp import MCPError
 
-from gateway.proxy.lean import CLOSED, RawRequests, _plain_call, line, parse_result, wire_result
+from gateway.proxy.lean import CLOSED, RawRequests, _plain_call, parse_result, wire_result
+from gateway.proxy.stdio_lines import json_line as line
 
 
 def test_only_plain_calls_are_taken() -> None:
