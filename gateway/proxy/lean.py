@@ -207,8 +207,9 @@ class LeanFront:
             method = raw.get("method")
             if method == "tools/call":
                 params = _plain_call(raw)
-                session = self.host() if params is not None else None
-                rid = raw["id"]
+                if params is None:  # not plain (or no request at all: no id): the SDK answers it
+                    return False
+                session, rid = self.host(), raw["id"]
                 if session is None or is_modern(session) or rid in self._flights:
                     return False
                 scope = self._flights[rid] = anyio.CancelScope()

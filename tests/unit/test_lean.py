@@ -10,7 +10,7 @@ import mcp_types as types
 import pytest
 from mcp import MCPError
 
-from gateway.proxy.lean import CLOSED, RawRequests, _plain_call, parse_result, wire_result
+from gateway.proxy.lean import CLOSED, LeanFront, RawRequests, _plain_call, parse_result, wire_result
 from gateway.proxy.stdio_lines import json_line as line
 
 
@@ -30,6 +30,14 @@ def test_only_plain_calls_are_taken() -> None:
         plain | {"params": {"name": "a", "_meta": "x"}},
     ]
     assert all(_plain_call(r) is None for r in refused)
+
+
+def test_a_call_without_an_id_is_left_to_the_sdk() -> None:
+    """A `tools/call` sent as a notification (no id) is not taken, and taking it does not raise (the
+    host's reader would stop)."""
+    take = LeanFront(lambda: object(), None).intercept(None)  # type: ignore[arg-type]
+    assert take({"jsonrpc": "2.0", "method": "tools/call", "params": {"name": "a__b"}}) is False
+    assert take({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": "x"}) is False
 
 
 def test_a_line_is_compact_utf8_json() -> None:
