@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import anyio
 from mcp.shared.message import SessionMessage
 
 import gateway.compat as compat
-from gateway.proxy.stdio_lines import READ_CHUNK, Intercept, pump_lines, pump_writes
-
-Send = Callable[[bytes], Awaitable[None]]
+from gateway.proxy.stdio_lines import READ_CHUNK, Intercept, Send, pump_lines, pump_writes
 
 
 @asynccontextmanager

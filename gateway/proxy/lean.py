@@ -33,11 +33,11 @@ from pydantic import ValidationError
 import gateway.compat as compat
 from gateway.plugin import ToolCall
 from gateway.proxy.host_sessions import forwardable_meta, is_modern
+from gateway.proxy.stdio_lines import Send
 from gateway.proxy.stdio_lines import json_line as line
 
 log = logging.getLogger("gateway.lean")
 
-Send = Callable[[bytes], Awaitable[Any]]
 Progress = Callable[[], None]  # an upstream reported progress (it resets the call's clock)
 CANCEL_WRITE_TIMEOUT = 2.0
 ID_PREFIX = "gw-"  # the SDK's ClientSession numbers its requests; these ids are strings and never collide

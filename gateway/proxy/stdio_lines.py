@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 READ_CHUNK = 1 << 20
 
 
-Reply = Callable[[bytes], Awaitable[Any]]
+Send = Callable[[bytes], Awaitable[Any]]  # a byte sink: writes one whole line
 Intercept = Callable[[Any], bool]  # takes a decoded JSON-RPC message off the line before the SDK parses it
 
 
@@ -35,7 +35,7 @@ async def pump_lines(
     receive: Callable[[], Awaitable[bytes]],
     read_send: anyio.abc.ObjectSendStream[SessionMessage | Exception],
     peer: str = "upstream",
-    reply: Reply | None = None,
+    reply: Send | None = None,
     spiller: Spiller | None = None,
     intercept: Intercept | None = None,
 ) -> None:
@@ -113,16 +113,14 @@ def json_line(message: dict[str, Any]) -> bytes:
     return json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "backslashreplace") + b"\n"
 
 
-async def pump_writes(
-    write_recv: anyio.abc.ObjectReceiveStream[SessionMessage], send: Callable[[bytes], Awaitable[Any]]
-) -> None:
+async def pump_writes(write_recv: anyio.abc.ObjectReceiveStream[SessionMessage], send: Send) -> None:
     """Messages from a stream to a byte sink, one JSON line each."""
     async with write_recv:
         async for message in write_recv:
             try:
                 data = message.message.model_dump_json(by_alias=True, exclude_unset=True).encode("utf-8") + b"\n"
-            except PydanticSerializationError:  # a lone surrogate, which pydantic will not write: the
-                # message was lost and its request left unanswered
+            except PydanticSerializationError:  # pydantic will not write a lone surrogate; dropped, the
+                # message would leave its request unanswered
                 data = json_line(message.message.model_dump(by_alias=True, exclude_unset=True, mode="json"))
             await send(data)
 
@@ -172,4 +170,4 @@ def error_reply(raw: Any, message: SessionMessage | Exception) -> bytes | None:
     else:
         return None  # a notification: no answer is expected
     body = {"jsonrpc": "2.0", "id": msg_id, "error": {"code": code, "message": text}}
-    return json.dumps(body).encode("utf-8") + b"\n"
+    return json_line(body)

@@ -100,6 +100,11 @@ def match_expression(terms: Sequence[str]) -> str:
     return " OR ".join(quoted)
 
 
+def _row(key: str, text: str, values: Sequence[object], extra: str | None = None) -> tuple[object, ...]:
+    """One table row: key, the caller's columns, the text and its `extra` column (made here unless given)."""
+    return (key, *values, text, expand(text) if extra is None else extra)
+
+
 @dataclass
 class Hit:
     key: str
@@ -156,7 +161,7 @@ class SearchIndex:
             try:
                 self.db.executemany(
                     f"INSERT INTO {self.table} ({cols}) VALUES ({marks})",
-                    ((row[0], *row[2], row[1], row[3] if len(row) > 3 else expand(row[1])) for row in rows),
+                    (_row(*row) for row in rows),
                 )
                 self.db.execute("COMMIT")
             except BaseException:
