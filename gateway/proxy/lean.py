@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -44,12 +45,36 @@ ID_PREFIX = "gw-"  # the SDK's ClientSession numbers its requests; these ids are
 
 
 class _Waiter:
-    __slots__ = ("done", "on_progress", "outcome")
+    """One request's reply to come. asyncio's own future: anyio's Event and scopes look up the running
+    backend on every use, a tenth of a small call's cost on this path (which is asyncio's anyway)."""
+
+    __slots__ = ("done", "on_progress")
 
     def __init__(self, on_progress: Progress | None):
-        self.done = anyio.Event()
-        self.outcome: dict[str, Any] | types.ErrorData | None = None
+        self.done: asyncio.Future[dict[str, Any] | types.ErrorData] = asyncio.get_running_loop().create_future()
         self.on_progress = on_progress
+
+    def settle(self, outcome: dict[str, Any] | types.ErrorData) -> None:
+        if not self.done.done():
+            self.done.set_result(outcome)
+
+
+class Deadline:
+    """A lean call's clock: asyncio's own timeout, moved through `deadline` as an anyio cancel scope's
+    is (the same loop clock), so the upstream's bookkeeping (progress, a paused clock) treats both alike."""
+
+    def __init__(self, seconds: float):
+        self.timeout = asyncio.timeout(seconds)
+
+    @property
+    def deadline(self) -> float:
+        when = self.timeout.when()
+        return math.inf if when is None else when
+
+    @deadline.setter
+    def deadline(self, value: float) -> None:
+        with contextlib.suppress(RuntimeError):  # the call is not running (yet, or any more): nothing to move
+            self.timeout.reschedule(None if value == math.inf else value)
 
 
 CLOSED = types.ErrorData(code=types.CONNECTION_CLOSED, message="Connection closed")
@@ -75,8 +100,7 @@ class RawRequests:
         """The connection ended: every request still waiting fails as the SDK's would."""
         self._send = None
         for waiter in self._pending.values():
-            waiter.outcome = CLOSED
-            waiter.done.set()
+            waiter.settle(CLOSED)
 
     def intercept(self, raw: Any) -> bool:
         if not self._pending or not isinstance(raw, dict):
@@ -88,13 +112,12 @@ class RawRequests:
                 error = raw.get("error")
                 if isinstance(error, dict):
                     try:
-                        waiter.outcome = types.ErrorData.model_validate(error)
+                        waiter.settle(types.ErrorData.model_validate(error))
                     except ValueError:
-                        waiter.outcome = types.ErrorData(code=types.INTERNAL_ERROR, message=str(error)[:300])
+                        waiter.settle(types.ErrorData(code=types.INTERNAL_ERROR, message=str(error)[:300]))
                 else:
                     result = raw.get("result")
-                    waiter.outcome = result if isinstance(result, dict) else {}
-                waiter.done.set()
+                    waiter.settle(result if isinstance(result, dict) else {})
             return True
         if raw.get("method") == "notifications/progress":
             params = raw.get("params")
@@ -116,13 +139,11 @@ class RawRequests:
         if on_progress is not None:
             params = params | {"_meta": {**(params.get("_meta") or {}), "progressToken": rid}}
         waiter = self._pending[rid] = _Waiter(on_progress)
-        written = False
         try:
-            written = True
             await send(line({"jsonrpc": "2.0", "id": rid, "method": method, "params": params}))
-            await waiter.done.wait()
-        except anyio.get_cancelled_exc_class():
-            if written and self._send is not None:
+            outcome = await waiter.done
+        except asyncio.CancelledError:
+            if self._send is not None:
                 with anyio.move_on_after(CANCEL_WRITE_TIMEOUT, shield=True):
                     cancel = {"requestId": rid, "reason": "caller cancelled"}
                     await self._send(line({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": cancel}))
@@ -131,16 +152,32 @@ class RawRequests:
             raise MCPError(code=CLOSED.code, message=CLOSED.message) from None
         finally:
             self._pending.pop(rid, None)
-        outcome = waiter.outcome
         if isinstance(outcome, types.ErrorData):
             raise MCPError(code=outcome.code, message=outcome.message, data=outcome.data)
         return outcome or {}
+
+
+PLAIN_RESULT = frozenset(("content", "isError"))
+PLAIN_BLOCK = frozenset(("type", "text"))
+
+
+def _plain_text_result(raw: dict[str, Any]) -> bool:
+    """Text blocks and maybe `isError`, nothing else: what most tools answer. Every protocol version's
+    surface accepts it unchanged, so the model alone reads it as the SDK would."""
+    if not PLAIN_RESULT.issuperset(raw) or not isinstance(raw.get("isError", False), bool):
+        return False
+    content = raw.get("content")
+    return isinstance(content, list) and all(
+        type(b) is dict and b.keys() == PLAIN_BLOCK and b["type"] == "text" and type(b["text"]) is str for b in content
+    )
 
 
 def parse_result(version: str, raw: dict[str, Any]) -> types.CallToolResult:
     """An upstream's `tools/call` result as `ClientSession.send_request` reads it: checked against the
     negotiated version's surface, a later revision's fields dropped, then the model. Raises
     ValidationError like the SDK."""
+    if _plain_text_result(raw):
+        return types.CallToolResult.model_validate(raw, by_name=False)
     with contextlib.suppress(KeyError):
         surfaces.validate_server_result("tools/call", version, raw)
     if not (foreign := compat.later_revision_fields("tools/call", version)).isdisjoint(raw):
@@ -149,7 +186,14 @@ def parse_result(version: str, raw: dict[str, Any]) -> types.CallToolResult:
 
 
 def wire_result(version: str, result: types.CallToolResult) -> dict[str, Any]:
-    """A `tools/call` result as the SDK's server puts it on the wire for a handshake-era host."""
+    """A `tools/call` result as the SDK's server puts it on the wire for a handshake-era host. Plain
+    text blocks are written directly: the same dict as the SDK's dump and check, at a tenth of the cost
+    (tests/unit/test_lean.py compares them for every version)."""
+    plain = result.meta is None and result.structured_content is None and result.result_type == "complete"
+    if plain and not result.__pydantic_extra__:
+        blocks = result.content
+        if all(type(b) is types.TextContent and b.annotations is None and b.meta is None for b in blocks):
+            return {"content": [{"text": b.text, "type": "text"} for b in blocks], "isError": result.is_error}
     dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
     try:
         return surfaces.serialize_server_result("tools/call", version, dumped)
@@ -188,14 +232,14 @@ class LeanFront:
     def __init__(self, host: Callable[[], Any], run: Run):
         self.host = host
         self.run = run
-        self._flights: dict[str | int, anyio.CancelScope] = {}
-        # plain asyncio tasks: an anyio task group's start_soon costs ~40 us a task here, a seventh of
-        # a small call's whole overhead (the stdio pipes under this path are asyncio's anyway)
-        self._tasks: set[asyncio.Task[None]] = set()
+        # plain asyncio tasks, cancelled as such: an anyio task group's start_soon costs ~40 us a task
+        # here and a cancel scope ~10 us, a large share of a small call's overhead (the stdio pipes
+        # under this path are asyncio's anyway)
+        self._flights: dict[str | int, asyncio.Task[None]] = {}
 
     def stop(self) -> None:
         """Cancel the calls still running (the host connection ended)."""
-        for task in list(self._tasks):
+        for task in list(self._flights.values()):
             task.cancel()
 
     def intercept(self, send: Send) -> Callable[[Any], bool]:
@@ -212,52 +256,46 @@ class LeanFront:
                 session, rid = self.host(), raw["id"]
                 if session is None or is_modern(session) or rid in self._flights:
                     return False
-                scope = self._flights[rid] = anyio.CancelScope()
-                task = asyncio.get_running_loop().create_task(self._serve(rid, params, session, scope, send))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                self._flights[rid] = asyncio.get_running_loop().create_task(self._serve(rid, params, session, send))
                 return True
             if method == "notifications/cancelled" and self._flights:
                 params = raw.get("params")
-                scope = self._flights.get(params.get("requestId")) if isinstance(params, dict) else None
-                if scope is None:
+                task = self._flights.get(params.get("requestId")) if isinstance(params, dict) else None
+                if task is None:
                     return False
-                scope.cancel()  # the SDK's rule: a cancelled request is never answered
+                task.cancel()  # the SDK's rule: a cancelled request is never answered
                 return True
             return False
 
         return take
 
-    async def _serve(
-        self, rid: str | int, params: dict[str, Any], session: Any, scope: anyio.CancelScope, send: Send
-    ) -> None:
-        message: dict[str, Any] | None = None
+    async def _serve(self, rid: str | int, params: dict[str, Any], session: Any, send: Send) -> None:
+        call = ToolCall(
+            name=params["name"],
+            arguments=params.get("arguments") or {},
+            session_id="stdio",
+            host_session=session,
+            # not a request the SDK knows: an upstream's question goes out on the connection (stdio
+            # has one channel), not on a request's back-channel
+            request_id=None,
+            meta=forwardable_meta(params.get("_meta")),
+            lean=True,
+        )
         try:
-            with scope:
-                call = ToolCall(
-                    name=params["name"],
-                    arguments=params.get("arguments") or {},
-                    session_id="stdio",
-                    host_session=session,
-                    # not a request the SDK knows: an upstream's question goes out on the connection
-                    # (stdio has one channel), not on a request's back-channel
-                    request_id=None,
-                    meta=forwardable_meta(params.get("_meta")),
-                    lean=True,
-                )
-                try:
-                    result = wire_result(session.protocol_version, await self.run(call))
-                    message = {"jsonrpc": "2.0", "id": rid, "result": result}
-                except MCPError as exc:
-                    error = exc.error.model_dump(by_alias=True, mode="json", exclude_none=True)
-                    message = {"jsonrpc": "2.0", "id": rid, "error": error}
-                except Exception as exc:  # as the SDK answers a handler that raised
-                    log.exception("tools/call %s failed", params["name"])
-                    message = {"jsonrpc": "2.0", "id": rid, "error": {"code": 0, "message": str(exc)}}
+            try:
+                result = wire_result(session.protocol_version, await self.run(call))
+                message = {"jsonrpc": "2.0", "id": rid, "result": result}
+            except MCPError as exc:
+                error = exc.error.model_dump(by_alias=True, mode="json", exclude_none=True)
+                message = {"jsonrpc": "2.0", "id": rid, "error": error}
+            except Exception as exc:  # as the SDK answers a handler that raised
+                log.exception("tools/call %s failed", params["name"])
+                message = {"jsonrpc": "2.0", "id": rid, "error": {"code": 0, "message": str(exc)}}
+        except asyncio.CancelledError:
+            return  # the host cancelled it (or left): never answered
         finally:
             self._flights.pop(rid, None)
-        if message is not None:
-            try:
-                await send(line(message))
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                log.debug("dropped the answer to %r: the host is gone", rid)
+        try:
+            await send(line(message))
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            log.debug("dropped the answer to %r: the host is gone", rid)

@@ -110,7 +110,10 @@ def json_line(message: dict[str, Any]) -> bytes:
     """One JSON-RPC message as a line, UTF-8 as the SDK writes it. A lone surrogate (only ever inside a
     JSON string: an upstream sent its escape) is written as that escape again, `\\udXXX`, so the line
     stays valid UTF-8."""
-    return json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "backslashreplace") + b"\n"
+    return _ENCODER.encode(message).encode("utf-8", "backslashreplace") + b"\n"
+
+
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))  # json.dumps makes one per call
 
 
 async def pump_writes(write_recv: anyio.abc.ObjectReceiveStream[SessionMessage], send: Send) -> None:

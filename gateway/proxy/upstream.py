@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 import gateway.compat as compat
 from gateway.progress import ProgressReporter, no_progress
-from gateway.proxy.lean import RawRequests, parse_result
+from gateway.proxy.lean import Deadline, RawRequests, parse_result
 from gateway.proxy.upstream_http import SpoolingTransport
 from gateway.proxy.upstream_stdio import linear_stdio_client
 from gateway.results import error_result
@@ -53,7 +53,7 @@ class ConnectionLost(Exception):
 class _InFlight:
     host_session: Any
     request_id: Any
-    scope: anyio.CancelScope
+    scope: anyio.CancelScope | Deadline  # the call's clock; both move by `deadline`
     timeout: float
     exchange: Any = None  # a 2026 host: its questions go out as `input_required` (proxy/exchanges.py)
 
@@ -368,12 +368,14 @@ class Upstream:
         if session is None or self.state != "ok":
             return error_result(self.unavailable())
         timeout = timeout or self.config.timeout_seconds
-        scope = anyio.CancelScope(deadline=anyio.current_time() + timeout)
-        flight = _InFlight(host[0], host[1], scope, timeout, exchange)
+        lean = lean and self.raw.ready
+        clock = Deadline(timeout) if lean else anyio.CancelScope(deadline=anyio.current_time() + timeout)
+        flight = _InFlight(host[0], host[1], clock, timeout, exchange)
         self._in_flight.append(flight)
         try:
-            lean = lean and self.raw.ready
-            return await self._forward(session, tool, arguments, meta, progress, scope, timeout, lean)
+            if isinstance(clock, Deadline):
+                return await self._forward_lean(session, tool, arguments, meta, clock, timeout)
+            return await self._forward(session, tool, arguments, meta, progress, clock, timeout)
         finally:
             self._in_flight.remove(flight)
 
@@ -386,37 +388,55 @@ class Upstream:
         progress: ProgressReporter,
         scope: anyio.CancelScope,
         timeout: float,
-        lean: bool = False,
     ) -> types.CallToolResult:
-        """The request through the SDK's session, or (`lean`) as one JSON line beside it: the same
-        request, errors and clock either way."""
-
-        def progressed() -> None:
-            scope.deadline = anyio.current_time() + timeout  # progress resets the clock
+        """The request through the SDK's session, its progress relayed (progress resets the clock)."""
 
         async def relay(value: float, total: float | None, message: str | None) -> None:
-            progressed()
+            scope.deadline = anyio.current_time() + timeout
             await progress(value, total, message)
 
         with scope:
+            request = types.CallToolRequest(
+                params=types.CallToolRequestParams(name=tool, arguments=arguments, _meta=meta or None)
+            )
             try:
-                if lean:
-                    params: dict[str, Any] = {"name": tool}
-                    if arguments is not None:
-                        params["arguments"] = arguments
-                    if meta:
-                        params["_meta"] = meta
-                    raw = await self.raw.request("tools/call", params, progressed)
-                    return parse_result(session.protocol_version or "2025-11-25", raw)
-                request = types.CallToolRequest(
-                    params=types.CallToolRequestParams(name=tool, arguments=arguments, _meta=meta or None)
-                )
                 return await session.send_request(request, types.CallToolResult, progress_callback=relay)
             except MCPError as exc:
                 return error_result(self._call_failed(tool, exc))
             except ValidationError as exc:
                 return self._malformed(tool, exc)
         return self._timed_out(tool, timeout)
+
+    async def _forward_lean(
+        self,
+        session: ClientSession,
+        tool: str,
+        arguments: dict[str, Any] | None,
+        meta: dict[str, Any] | None,
+        clock: Deadline,
+        timeout: float,
+    ) -> types.CallToolResult:
+        """The same request as one JSON line beside the SDK's session (`proxy/lean.py`): the same
+        errors and clock; the caller relays no progress, but progress still resets the clock."""
+
+        def progressed() -> None:
+            clock.deadline = anyio.current_time() + timeout
+
+        params: dict[str, Any] = {"name": tool}
+        if arguments is not None:
+            params["arguments"] = arguments
+        if meta:
+            params["_meta"] = meta
+        try:
+            async with clock.timeout:
+                raw = await self.raw.request("tools/call", params, progressed)
+            return parse_result(session.protocol_version or "2025-11-25", raw)
+        except TimeoutError:
+            return self._timed_out(tool, timeout)
+        except MCPError as exc:
+            return error_result(self._call_failed(tool, exc))
+        except ValidationError as exc:
+            return self._malformed(tool, exc)
 
     def _malformed(self, tool: str, exc: ValidationError) -> types.CallToolResult:
         return error_result(

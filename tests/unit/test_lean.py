@@ -127,3 +127,52 @@ def test_results_are_read_and_written_as_the_sdk_does() -> None:
     with pytest.raises(ValueError):
         parse_result(version, {"content": "not a list"})
     assert wire_result(version, types.CallToolResult(content=[], is_error=True))["isError"] is True
+
+
+HANDSHAKE_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
+SHAPES: list[dict[str, Any]] = [
+    {"content": [{"type": "text", "text": "hi"}]},
+    {"content": [{"type": "text", "text": "a"}, {"type": "text", "text": "한국어 \ud800"}], "isError": True},
+    {"content": [], "isError": False},
+    {"content": [{"type": "text", "text": "hi", "annotations": {"priority": 0.5}}]},
+    {"content": [{"type": "text", "text": "hi", "_meta": {"k": 1}}]},
+    {"content": [{"type": "text", "text": "hi", "extra": 1}]},
+    {"content": [{"type": "text", "text": "hi"}], "extra": 1},
+    {"content": [{"type": "text", "text": "{}"}], "structuredContent": {}},
+    {"content": [{"type": "text", "text": "hi"}], "_meta": {"k": 1}},
+    {"content": [{"type": "image", "text": "hi"}]},
+    {"content": [{"type": "text", "text": 5}]},
+    {"content": [{"type": "text", "text": "hi"}], "isError": None},
+]
+
+
+def _sdk_read(version: str, raw: dict[str, Any]) -> types.CallToolResult:
+    import contextlib
+
+    from mcp_types import methods as surfaces
+
+    import gateway.compat as compat
+
+    with contextlib.suppress(KeyError):
+        surfaces.validate_server_result("tools/call", version, raw)
+    foreign = compat.later_revision_fields("tools/call", version)
+    return types.CallToolResult.model_validate({k: v for k, v in raw.items() if k not in foreign}, by_name=False)
+
+
+def _sdk_write(version: str, result: types.CallToolResult) -> dict[str, Any]:
+    from mcp_types import methods as surfaces
+
+    dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+    return surfaces.serialize_server_result("tools/call", version, dumped)
+
+
+@pytest.mark.parametrize("version", HANDSHAKE_VERSIONS)
+@pytest.mark.parametrize("raw", SHAPES)
+def test_plain_text_results_take_a_shortcut_to_the_same_bytes(version: str, raw: dict[str, Any]) -> None:
+    try:
+        expected = line({"result": _sdk_write(version, _sdk_read(version, raw))})
+    except ValueError as exc:  # the SDK refuses it: so does the lean path, with the same error kind
+        with pytest.raises(type(exc)):
+            parse_result(version, raw)
+        return
+    assert line({"result": wire_result(version, parse_result(version, raw))}) == expected
