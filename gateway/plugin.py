@@ -19,6 +19,8 @@ from pydantic import BaseModel
 from gateway.progress import ProgressReporter, no_progress
 from gateway.services.costs import Cost, result_cost
 from gateway.services.responses import ResponseStore
+from gateway.services.text import dumps
+from gateway.services.tokens import estimate_tokens
 
 if TYPE_CHECKING:  # types only: services the context hands out (no cycle: services never import the plugin API)
     from gateway.services.model_endpoint import ModelEndpoint
@@ -45,6 +47,14 @@ class ToolCall:
     exchange: Any = None  # for a 2026 host: how an upstream's questions reach it (`input_required`)
     lean: bool = False  # taken by the lean path (`gateway/proxy/lean.py`): a stdio upstream gets it the same way
     _costs: dict[int, tuple[Any, Cost]] = field(default_factory=dict, init=False, repr=False)
+    _argument_tokens: int | None = field(default=None, init=False, repr=False)
+
+    def argument_tokens(self) -> int:
+        """Tokens of the arguments as the model wrote them (compact JSON), counted once. The lean path
+        counts them while the upstream works (`proxy/lean.py`), off the caller's wait."""
+        if self._argument_tokens is None:
+            self._argument_tokens = estimate_tokens(dumps(self.arguments))
+        return self._argument_tokens
 
     def cost_of(self, result: types.CallToolResult) -> Cost:
         """What `result` costs in the context (`costs.result_cost`), counted once per result object of

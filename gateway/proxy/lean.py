@@ -281,6 +281,8 @@ class LeanFront:
             meta=forwardable_meta(params.get("_meta")),
             lean=True,
         )
+        # runs once this task waits for the upstream (its request written): free time for the caller
+        asyncio.get_running_loop().call_soon(call.argument_tokens)
         try:
             try:
                 result = wire_result(session.protocol_version, await self.run(call))

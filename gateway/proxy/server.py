@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import logging
 import time
@@ -500,7 +501,10 @@ class Gateway:
         """The pipeline (offload, monitor), the usage figures, and long texts restored from disk."""
         try:
             reply = await self.pipeline.on_tool_result(call, result)
-            self._record_call(call, result, reply)
+            if spill.pending():
+                self._record_call(call, result, reply)
+            else:  # after the answer is written (the next turn of the loop), off the caller's wait
+                asyncio.get_running_loop().call_soon(self._record_call, call, result, reply)
             # long texts still on disk (no plugin took them) go out as text
             return await anyio.to_thread.run_sync(spill.restore, reply) if spill.pending() else reply
         finally:

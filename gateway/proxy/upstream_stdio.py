@@ -70,6 +70,7 @@ async def linear_stdio_client(
     process = await _spawn(command, args, get_default_environment() | (env or {}), cwd or None, errlog)
     read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](16)
     write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](16)
+    send = compat.direct_send(process.stdin)
 
     async def reader() -> None:
         assert process.stdout is not None
@@ -89,12 +90,12 @@ async def linear_stdio_client(
     async def writer() -> None:
         assert process.stdin is not None
         try:
-            await pump_writes(write_recv, process.stdin.send)  # type: ignore[union-attr]
+            await pump_writes(write_recv, send)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
             await read_send.aclose()
 
     if raw is not None:
-        raw.attach(process.stdin.send)  # type: ignore[union-attr]
+        raw.attach(send)
     async with anyio.create_task_group() as tg:
         tg.start_soon(reader)
         tg.start_soon(writer)

@@ -9,6 +9,7 @@ the monitor stays silent and the offload token limit is `UNKNOWN_WINDOW_RESULT_T
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
@@ -55,10 +56,12 @@ KNOWN_HOSTS: dict[str, KnownHost] = {
 }
 
 
+@functools.lru_cache(maxsize=512)  # asked on every call for the same few names
 def normalize(name: str) -> str:
     return re.sub(r"[\s_.]+", "-", name.strip().lower())
 
 
+@functools.lru_cache(maxsize=512)
 def known_host(name: str | None) -> KnownHost | None:
     if not name:
         return None

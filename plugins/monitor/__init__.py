@@ -18,7 +18,6 @@ import mcp_types as types
 from gateway.plugin import GatewayContext, Plugin, ToolCall
 from gateway.services.context_levels import Debounce, level_for, note_text
 from gateway.services.costs import definition_tokens
-from gateway.services.text import dumps
 from gateway.services.tokens import estimate_tokens
 
 log = logging.getLogger("plugins.monitor")
@@ -79,7 +78,7 @@ class MonitorPlugin(Plugin):
         try:
             ledger = self._ledger(call.session_id)
             ledger.calls += 1
-            ledger.results += call.cost_of(result).tokens + estimate_tokens(dumps(call.arguments))
+            ledger.results += call.cost_of(result).tokens + call.argument_tokens()
             remaining, source, window = self.measure(call.session_id)
             if remaining is None:  # an unknown window: say nothing rather than invent one
                 return result
