@@ -12,8 +12,10 @@ import logging
 import re
 import sqlite3
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 
 from gateway.services.files import move_aside
@@ -58,21 +60,36 @@ _SPLITTABLE = re.compile(
 
 
 def expand(text: str) -> str:
-    """The `extra` column: identifier splits and CJK bigrams. Plain words (most of any text) are
-    skipped with C-level string checks before any regex runs."""
+    """The `extra` column: identifier splits and CJK bigrams. Each distinct whitespace-separated token
+    is looked at once per process (`_expanded`), and the text is mapped through what was found without
+    a Python loop per token: a document repeats its words, and the per-token work was most of an
+    ingest's time after the parse."""
+    tokens = text.split()
+    known = _EXPANDED
+    if len(known) > EXPANDED_KEEP:  # bounded: a stream of distinct tokens starts afresh
+        known.clear()
+    for token in set(tokens).difference(known):
+        known[token] = _expanded(token)
+    return " ".join(chain.from_iterable(filter(None, map(known.__getitem__, tokens))))
+
+
+EXPANDED_KEEP = 500_000  # tokens remembered (~60 MB at most)
+_EXPANDED: dict[str, tuple[str, ...]] = {}
+
+
+def _expanded(token: str) -> tuple[str, ...]:
+    """What one token adds to the `extra` column (nothing for a plain word, most of any text)."""
+    if token.isalpha() and token.isascii() and (token.islower() or token.isupper() or token.istitle()):
+        return ()
     out: list[str] = []
-    find = _SPLITTABLE.findall
-    for chunk in text.split():
-        if chunk.isalpha() and chunk.isascii() and (chunk.islower() or chunk.isupper() or chunk.istitle()):
-            continue
-        for word in find(chunk):
-            if _CJK_RUN.match(word):
-                out.extend(cjk_bigrams(word))
-            else:
-                parts = identifier_parts(word)
-                if len(parts) > 1:
-                    out.extend(parts)
-    return " ".join(out)
+    for word in _SPLITTABLE.findall(token):
+        if _CJK_RUN.match(word):
+            out.extend(cjk_bigrams(word))
+        else:
+            parts = identifier_parts(word)
+            if len(parts) > 1:
+                out.extend(parts)
+    return tuple(out)
 
 
 def query_terms(query: str) -> list[str]:
@@ -154,15 +171,25 @@ class SearchIndex:
     def add(self, rows: Iterable[tuple[str, str, Sequence[object]] | tuple[str, str, Sequence[object], str]]) -> None:
         """Rows of (key, text, extra column values), and optionally the text's `expand` when the caller
         made it already (documents do, in a worker process for large ones)."""
+        with self.transaction():
+            self.insert(rows)
+
+    def insert(
+        self, rows: Iterable[tuple[str, str, Sequence[object]] | tuple[str, str, Sequence[object], str]]
+    ) -> None:
+        """`add` inside the caller's `transaction`."""
         cols = ", ".join(["key", *self.columns, "body", "extra"])
         marks = ", ".join("?" * (len(self.columns) + 3))
         with self.lock:
+            self.db.executemany(f"INSERT INTO {self.table} ({cols}) VALUES ({marks})", (_row(*row) for row in rows))
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """One transaction on the shared connection (its tables and the caller's), held under the lock."""
+        with self.lock:
             self.db.execute("BEGIN")
             try:
-                self.db.executemany(
-                    f"INSERT INTO {self.table} ({cols}) VALUES ({marks})",
-                    (_row(*row) for row in rows),
-                )
+                yield
                 self.db.execute("COMMIT")
             except BaseException:
                 self.db.execute("ROLLBACK")

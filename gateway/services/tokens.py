@@ -6,8 +6,8 @@ digit), punctuation, newlines, tabs and indentation, Hangul and other CJK charac
 non-ASCII characters and emoji, times a margin. `bench/tokens.py` fits the rates on 25 kinds of
 text (2,000-character windows) against the largest count of four tokenizers (cl100k, o200k, Qwen
 3.6, Llama 3), and sizes the margin so that a kind the fit never saw is undercounted in at most 1 %
-of its windows (leave-one-kind-out). All counting runs in C (regex and str methods), not a Python
-loop per character.
+of its windows (leave-one-kind-out). All counting runs in C (`bytes.translate`, str methods and a
+few regexes), not a Python loop per character.
 
 Calibration against the user's own model (gateway.services.model_endpoint) replaces the built-in rate of a content
 kind (prose, code, json, cjk) by the measured one, with a margin.
@@ -16,6 +16,7 @@ kind (prose, code, json, cjk) by the measured one, with a margin.
 from __future__ import annotations
 
 import re
+import string
 import threading
 from collections.abc import Mapping
 from itertools import repeat
@@ -23,6 +24,8 @@ from operator import mul
 
 from gateway.services.text import CJK_RUN
 
+# The features as patterns: their definition (tests/unit/test_token_counts.py checks `_counts` against
+# it). The ASCII ones are counted with byte classes, the rest with these regexes.
 _WORD = re.compile(r"[A-Za-z]+")
 _HUMP = re.compile(r"[a-z][A-Z]")
 _CAPS_RUN = re.compile(r"[A-Z]{5,}")
@@ -125,39 +128,72 @@ _CJK_AT, _HANGUL_AT, _PUNCT_AT, _NEWLINE_AT, _SPACE_AT = (
 )
 
 
+def _classes(spec: dict[str, str]) -> bytes:
+    """A `bytes.translate` table: each listed ASCII character to its class letter, every other byte
+    (UTF-8 continuation bytes included) to a space, so `split()` yields the runs of one class."""
+    table = bytearray(b" " * 256)
+    for chars, cls in spec.items():
+        for byte in chars.encode():
+            table[byte] = ord(cls)
+    return bytes(table)
+
+
+_PUNCT_CHARS = "".join(chr(c) for c in range(33, 127) if not chr(c).isalnum())  # `_PUNCT_RUN`'s class
+_LETTER = _classes({string.ascii_letters: "a"})
+_CASE = _classes({string.ascii_lowercase: "l", string.ascii_uppercase: "U"})
+_UPPER = _classes({string.ascii_uppercase: "U"})
+_DIGIT = _classes({string.digits: "0"})
+_PUNCT = _classes({_PUNCT_CHARS: "!"})
+_OPAQUE_CHARS = _classes({string.ascii_letters + string.digits + "+/=_-": "o"})
+_BLANK = _classes({" \t": "s"})
+
+
 def _counts(text: str) -> tuple[int, ...]:
-    """The feature counts in `FEATURES` order: a few regex passes and C-level list/str methods, no
-    per-character Python (and no dict: the estimate runs on every small result)."""
+    """The feature counts in `FEATURES` order. The ASCII features (the patterns above) are counted on
+    the UTF-8 bytes mapped to one class letter per feature by `bytes.translate`: runs are what
+    `split()` returns, boundaries what `count` finds (twice as fast as a regex pass per feature, and
+    the same counts: a non-ASCII character breaks a run either way). A lone surrogate (an upstream's
+    JSON escape) is counted as one other character."""
     n = len(text)
-    lengths = list(map(len, _WORD.findall(text)))
+    plain = text.isascii()
+    data = text.encode("ascii") if plain else text.encode("utf-8", "surrogatepass")
+    lengths = list(map(len, data.translate(_LETTER).split()))
     letters = sum(lengths)
-    numbers = list(map(len, _NUM_RUN.findall(text)))
-    spaces = list(map(len, _SPACE_RUN.findall(text)))
-    puncts = list(map(len, _PUNCT_RUN.findall(text)))
-    non_ascii = 0 if text.isascii() else n - len(text.encode("ascii", "ignore"))
+    case = data.translate(_CASE)
+    caps = [size for size in map(len, data.translate(_UPPER).split()) if size >= 5] if b"UUUUU" in case else []
+    digits = data.translate(_DIGIT)
+    digit = digits.count(b"0")
+    punct = data.translate(_PUNCT)
+    punct_chars = punct.count(b"!")
+    opaque = data.translate(_OPAQUE_CHARS)
+    blanks = (
+        [size for size in map(len, data.translate(_BLANK).split()) if size >= 2]
+        if b"\t" in data or b"  " in data
+        else []
+    )
+    non_ascii = 0 if plain else n - len(text.encode("ascii", "ignore"))
     cjk = sum(map(len, CJK_RUN.findall(text))) if non_ascii else 0
     hangul = sum(map(len, _HANGUL_RUN.findall(text))) if cjk else 0
     wide = sum(map(len, _WIDE_RUN.findall(text))) - cjk if non_ascii else 0
-    caps = list(map(len, _CAPS_RUN.findall(text)))
     return (
         hangul,
         cjk - hangul,
         len(lengths),
-        len(_HUMP.findall(text)),
+        case.count(b"lU"),  # `[a-z][A-Z]`: the pair cannot overlap itself, so `count` finds each
         sum(caps) - 4 * len(caps),
         letters - sum(map(min, lengths, repeat(6))),  # letters beyond the 6th of each run
-        sum(numbers),
-        len(numbers),
-        sum(map(len, _OPAQUE.findall(text))),
+        digit,
+        digits.count(b" 0") + (digits[:1] == b"0") if digit else 0,  # runs: where one starts
+        sum(size for size in map(len, opaque.split()) if size >= 16) if b"o" * 16 in opaque else 0,
         text.count("\n"),
         text.count("\t"),
-        len(spaces),
-        sum(spaces),
-        sum(puncts),
-        len(puncts),
+        len(blanks),
+        sum(blanks),
+        punct_chars,
+        punct.count(b" !") + (punct[:1] == b"!") if punct_chars else 0,
         non_ascii - cjk,
         wide,
-        (len(text.encode("utf-16-le")) // 2 - n) if non_ascii else 0,
+        (len(text.encode("utf-16-le", "surrogatepass")) // 2 - n) if non_ascii else 0,
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import re
 from bisect import bisect_left
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 
 from markdown_it import MarkdownIt
@@ -92,36 +93,40 @@ PARALLEL_ABOVE = 4 * 2**20  # characters; below, one process does it all (a seco
 # patterns that start with a literal newline: the regex engine jumps from newline to newline
 _LEVEL1 = re.compile(r"\n\n# ")  # a level-1 heading after a blank line (it starts 2 characters in)
 _FENCE_LINE = re.compile(r"\n {0,3}(`{3,}|~{3,})([^\n]*)")
-_ODD_BREAKS = re.compile("[\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")  # line breaks markdown-it and splitlines count apart
+ODD_BREAKS = "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"  # line breaks markdown-it and splitlines count apart
+# the first part's share: the caller stores it while the worker makes the rest, so the worker gets more
+FIRST_SHARE = 0.48
 
 
-def indexed_chunks(
+Batch = tuple[list[Chunk], list[str]]  # chunks, in order, and each one's `extra` search column
+
+
+def chunk_batches(
     text: str, kind: str, size: int = CHUNK_TOKENS, parallel_above: int = PARALLEL_ABOVE
-) -> tuple[list[Chunk], list[str]]:
-    """The chunks of a document and each one's `extra` search column (`search_index.expand`).
+) -> Iterator[Batch | None]:
+    """The chunks of a document and each one's `extra` search column (`search_index.expand`), in one
+    batch or two: the caller stores the first while the second is still being made.
 
-    A Markdown text above `parallel_above` characters is done in two halves at once, the second in a
-    worker process (the work is Python, so a thread would not help): cut at a level-1 heading near the
-    middle, where the chunker starts afresh anyway, and only where the first half is seen to end
-    cleanly (no code fence or raw HTML block left open), so the chunks are exactly those of one pass.
+    A Markdown text above `parallel_above` characters is done in two parts at once, the second in a
+    worker process (the work is Python, so a thread would not help): cut at a level-1 heading a little
+    before the middle (the caller's work on the first part fills the time the worker needs beyond it),
+    where the chunker starts afresh anyway, and only where the first part is seen to end cleanly (no
+    code fence or raw HTML block left open), so the chunks are exactly those of one pass. A `None`
+    means "start over": what came before is void and the whole follows in one batch (the second part
+    did not start where it was cut, or the worker failed after the first part went out).
     """
-    if kind == "markdown" and len(text) > parallel_above and (cut := _half_point(text)) is not None:
-        try:
-            done = _in_two_halves(text, cut, size)
-        except (OSError, RuntimeError) as exc:  # no worker process here (BrokenProcessPool is a RuntimeError)
-            log.warning("ingesting in one process: a worker process could not run (%s)", exc)
-            done = None
-        if done is not None:
-            return done
+    cut = _cut_point_for_two(text) if kind == "markdown" and len(text) > parallel_above else None
+    if cut is not None and (yield from _two_parts(text, cut, size)):
+        return
     chunks = chunk_document(text, kind, size)
-    return chunks, [expand(index_text(c)) for c in chunks]
+    yield chunks, [expand(index_text(c)) for c in chunks]
 
 
-def _half_point(text: str) -> int | None:
-    """Where a level-1 heading starts, nearest the middle, outside every code fence; None if none."""
-    if _ODD_BREAKS.search(text):
+def _cut_point_for_two(text: str, share: float = FIRST_SHARE) -> int | None:
+    """Where a level-1 heading starts, nearest `share` of the text, outside every code fence; None if none."""
+    if any(odd in text for odd in ODD_BREAKS):  # one C-level scan each, far quicker than a regex class
         return None
-    middle = len(text) // 2
+    middle = int(len(text) * share)
     fences = [(m.start(), m.group(1), m.group(2)) for m in _FENCE_LINE.finditer("\n" + text)]  # line starts
     open_at: list[tuple[int, int]] = []  # (start, end) of fenced code
     opener: tuple[int, str] | None = None
@@ -170,29 +175,39 @@ def _tail_part(text: str, size: int) -> tuple[list[Chunk], list[str], tuple[str,
     return chunks, [expand(index_text(c)) for c in chunks], first
 
 
-def _in_two_halves(text: str, cut: int, size: int) -> tuple[list[Chunk], list[str]] | None:
+def _two_parts(text: str, cut: int, size: int) -> Generator[Batch | None, None, bool]:
+    """`chunk_batches` in two parts; False when one pass must follow (after a `None` if a batch went out)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     head = text[:cut]
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as worker:
-        tail = worker.submit(_tail_part, text[cut:], size)
-        blocks = markdown_blocks(head)
-        last = blocks[-1] if blocks else None
-        # the chunker starts afresh at the heading only after a block that is not a heading, and the
-        # first half must not end inside a fence or a raw HTML block (which a heading does not close)
-        if last is None or last.kind == "heading" or not _closed(last) or last.text.lstrip().startswith("<"):
-            tail.cancel()
-            return None
-        chunks = pack(blocks, size)
-        extras = [expand(index_text(c)) for c in chunks]
-        tail_chunks, tail_extras, first = tail.result()
+    sent = False
+    first: tuple[str, int, int] | None = None
+    try:
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as worker:
+            tail = worker.submit(_tail_part, text[cut:], size)
+            blocks = markdown_blocks(head)
+            last = blocks[-1] if blocks else None
+            # the chunker starts afresh at the heading only after a block that is not a heading, and the
+            # first part must not end inside a fence or a raw HTML block (which a heading does not close)
+            if last is None or last.kind == "heading" or not _closed(last) or last.text.lstrip().startswith("<"):
+                tail.cancel()
+                return False
+            chunks = pack(blocks, size)
+            sent = True
+            yield chunks, [expand(index_text(c)) for c in chunks]
+            tail_chunks, tail_extras, first = tail.result()
+    except (OSError, RuntimeError) as exc:  # no worker process here (BrokenProcessPool is a RuntimeError)
+        log.warning("ingesting in one process: a worker process could not run (%s)", exc)
     if first != ("heading", 1, 0):
-        return None
+        if sent:
+            yield None
+        return False
     offset = head.count("\n")
     for chunk in tail_chunks:
         chunk.line += offset
-    return chunks + tail_chunks, extras + tail_extras
+    yield tail_chunks, tail_extras
+    return True
 
 
 def chunk_document(text: str, kind: str, size: int = CHUNK_TOKENS) -> list[Chunk]:

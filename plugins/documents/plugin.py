@@ -21,7 +21,7 @@ from gateway.handlers import guarded, tool
 from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall
 from gateway.services.responses import ID_PATTERN, StoreError, saved_kind
 from gateway.services.search_index import SearchIndex
-from plugins.documents.chunker import index_text, indexed_chunks, kind_of
+from plugins.documents.chunker import chunk_batches, index_text, kind_of
 
 log = logging.getLogger("plugins.documents")
 
@@ -124,43 +124,44 @@ class DocumentStore:
         existing = self.get(doc_id)
         if existing and existing["sha"] == sha:
             return existing | {"unchanged": True}
-        chunks, extras = indexed_chunks(text, kind)
-        outline = []
-        seen = set()
-        for c in chunks:
-            if c.heading and c.heading not in seen and len(outline) < 40:
-                seen.add(c.heading)
-                outline.append(c.heading)
-        with self.lock:
+        outline: list[str] = []
+        chunks = tokens = 0
+        with self.lock, self.index.transaction():
             self.forget(doc_id)
-            self.db.execute("BEGIN")
-            try:
+            # a large document comes in two batches: the first is stored while the second is made
+            for batch in chunk_batches(text, kind):
+                if batch is None:  # start over (see `chunk_batches`)
+                    self.forget(doc_id)
+                    outline, chunks, tokens = [], 0, 0
+                    continue
+                made, extras = batch
                 self.db.executemany(
                     "INSERT INTO chunks VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    ((doc_id, i, c.heading, c.text, c.tokens, c.line, c.part) for i, c in enumerate(chunks)),
+                    ((doc_id, chunks + i, c.heading, c.text, c.tokens, c.line, c.part) for i, c in enumerate(made)),
                 )
-                self.db.execute(
-                    "INSERT INTO docs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        doc_id,
-                        title,
-                        source,
-                        sha,
-                        kind,
-                        len(chunks),
-                        sum(c.tokens for c in chunks),
-                        len(text),
-                        time.time(),
-                        json.dumps(outline, ensure_ascii=False),
-                    ),
+                self.index.insert(
+                    (f"{doc_id}:{chunks + i}", index_text(c), (doc_id, chunks + i), extra)
+                    for i, (c, extra) in enumerate(zip(made, extras, strict=True))
                 )
-                self.db.execute("COMMIT")
-            except BaseException:
-                self.db.execute("ROLLBACK")
-                raise
-            self.index.add(
-                (f"{doc_id}:{i}", index_text(c), (doc_id, i), extra)
-                for i, (c, extra) in enumerate(zip(chunks, extras, strict=True))
+                for c in made:
+                    if c.heading and c.heading not in outline and len(outline) < 40:
+                        outline.append(c.heading)
+                chunks += len(made)
+                tokens += sum(c.tokens for c in made)
+            self.db.execute(
+                "INSERT INTO docs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    doc_id,
+                    title,
+                    source,
+                    sha,
+                    kind,
+                    chunks,
+                    tokens,
+                    len(text),
+                    time.time(),
+                    json.dumps(outline, ensure_ascii=False),
+                ),
             )
         return self.get(doc_id) | {"unchanged": False, "replaced": existing is not None}
 

@@ -1,4 +1,4 @@
-"""A large Markdown document is chunked in two halves at once: the chunks must be exactly those of one
+"""A large Markdown document is chunked in two parts at once: the chunks must be exactly those of one
 pass, wherever the cut could go wrong (code fences, raw HTML, headings in a row, odd line breaks)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.services.search_index import expand
-from plugins.documents.chunker import _half_point, _in_two_halves, chunk_document, index_text, indexed_chunks
+from plugins.documents.chunker import _cut_point_for_two, chunk_batches, chunk_document, index_text
 
 
 def section(n: int, body: str = "") -> str:
@@ -19,14 +19,27 @@ def one_pass(text: str) -> tuple[list, list[str]]:
     return chunks, [expand(index_text(c)) for c in chunks]
 
 
-def test_two_halves_give_the_chunks_of_one_pass() -> None:
+def batches(text: str) -> list:
+    return list(chunk_batches(text, "markdown", 120, parallel_above=0))
+
+
+def joined(batches: list) -> tuple[list, list[str]]:
+    """What a store keeps of the batches: everything after the last "start over"."""
+    chunks: list = []
+    extras: list[str] = []
+    for batch in batches:
+        chunks, extras = ([], []) if batch is None else (chunks + batch[0], extras + batch[1])
+    return chunks, extras
+
+
+def test_two_parts_give_the_chunks_of_one_pass() -> None:
     text = "".join(section(n) for n in range(40))  # each section ends with a (closed) code fence
-    cut = _half_point(text)
-    assert cut is not None and text[cut:].startswith("# Part 20")
-    halves = _in_two_halves(text, cut, 120)
-    assert halves is not None  # it really was done in two halves
-    assert halves == one_pass(text) == indexed_chunks(text, "markdown", 120, parallel_above=0)
-    assert [c.line for c in halves[0]] == sorted(c.line for c in halves[0])
+    cut = _cut_point_for_two(text)
+    assert cut is not None and text[cut:].startswith("# Part 19")  # a little before the middle
+    got = batches(text)
+    assert len(got) == 2 and None not in got  # it really was done in two parts
+    assert joined(got) == one_pass(text)
+    assert [c.line for c in joined(got)[0]] == sorted(c.line for c in joined(got)[0])
 
 
 def _middle(text_before: str, hazard: str, text_after: str) -> str:
@@ -49,10 +62,10 @@ def test_a_cut_is_never_made_where_one_pass_would_differ(hazard: str) -> None:
     before = "".join(section(n) for n in range(20))
     after = "".join(section(n) for n in range(20, 40))
     text = _middle(before, HAZARDS[hazard], after)
-    assert indexed_chunks(text, "markdown", 120, parallel_above=0) == one_pass(text)
+    assert joined(batches(text)) == one_pass(text)
 
 
 def test_odd_line_breaks_are_done_in_one_pass() -> None:
     text = "".join(section(n) for n in range(40)).replace("\n", "\r\n")
-    assert _half_point(text) is None
-    assert indexed_chunks(text, "markdown", 120, parallel_above=0) == one_pass(text)
+    assert _cut_point_for_two(text) is None
+    assert batches(text) == [one_pass(text)]

@@ -37,3 +37,15 @@ def test_finds_words_inside_identifiers_and_korean_words(index: SearchIndex) -> 
 @pytest.mark.parametrize("junk", ['"', "AND OR NOT", "*", "(", "NEAR(a b", "'; DROP TABLE t; --", "", "   ", "^$"])
 def test_fts5_syntax_in_a_query_never_raises(index: SearchIndex, junk: str) -> None:
     assert isinstance(index.search(junk), list)
+
+
+def test_expand_gives_the_same_column_with_its_memory_cleared(monkeypatch) -> None:
+    import gateway.services.search_index as search_index
+
+    text = "getUserName snake_case-name.v2 세션을 plain Words, getUserName HTTPServer 한국어 plain"
+    full = search_index.expand(text)
+    assert full.split()[:3] == ["get", "user", "name"] and "세션" in full.split()
+    monkeypatch.setattr(search_index, "EXPANDED_KEEP", 1)  # forgets what it saw on almost every call
+    search_index._EXPANDED.clear()
+    assert [search_index.expand(text) for _ in range(3)] == [full] * 3
+    assert len(search_index._EXPANDED) <= len(set(text.split()))

@@ -1,0 +1,52 @@
+"""The document store keeps exactly the chunks of the last complete set of batches, in one transaction."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import plugins.documents.plugin as plugin
+from plugins.documents.chunker import Chunk, chunk_document, index_text
+from plugins.documents.plugin import DocumentStore
+
+TEXT = "# One\n\nfirst part text\n\n# Two\n\nsecond part 세션 getUserName\n"
+
+
+def _batch(*names: str) -> tuple[list[Chunk], list[str]]:
+    chunks = [Chunk(f"{n} body", n, i, 3) for i, n in enumerate(names)]
+    return chunks, [index_text(c) for c in chunks]
+
+
+def test_batches_are_stored_in_order_and_a_start_over_voids_the_earlier_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = DocumentStore(tmp_path / "docs.sqlite")
+    monkeypatch.setattr(plugin, "chunk_batches", lambda text, kind: iter([_batch("a", "b"), _batch("c")]))
+    info = store.put("d1", "t", "s", TEXT, "markdown")
+    assert info["chunks"] == 3
+    assert [c["text"] for c in store.chunks("d1", 0, 9)] == ["a body", "b body", "c body"]
+
+    batches = [_batch("stale"), None, _batch("x", "y")]  # the worker failed after the first part went out
+    monkeypatch.setattr(plugin, "chunk_batches", lambda text, kind: iter(batches))
+    info = store.put("d2", "t", "s", TEXT + "changed", "markdown")
+    assert info["chunks"] == 2 and info["outline"] == ["x", "y"]
+    assert [c["text"] for c in store.chunks("d2", 0, 9)] == ["x body", "y body"]
+    assert {h.key for h in store.index.search("stale", 10)} == set()
+    assert {h.key for h in store.index.search("body", 10) if h.key.startswith("d2:")} == {"d2:0", "d2:1"}
+
+
+def test_a_failure_while_storing_leaves_the_previous_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = DocumentStore(tmp_path / "docs.sqlite")
+    store.put("d", "t", "s", TEXT, "markdown")
+    before = store.chunks("d", 0, 99)
+    assert [c["text"] for c in before] == [c.text for c in chunk_document(TEXT, "markdown")]
+
+    def broken(text: str, kind: str):
+        yield _batch("half")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(plugin, "chunk_batches", broken)
+    with pytest.raises(OSError):
+        store.put("d", "t", "s", TEXT + "more", "markdown")
+    assert store.chunks("d", 0, 99) == before  # the replace was rolled back whole
