@@ -68,6 +68,14 @@ def direct_send(stream: Any) -> Callable[[bytes], Awaitable[None]]:
     return send
 
 
+def stream_reader(stream: Any) -> Any:
+    """The asyncio StreamReader under anyio's wrapper of a child's stdout, or None (another backend)."""
+    import asyncio
+
+    reader = getattr(stream, "_stream", None)
+    return reader if isinstance(reader, asyncio.StreamReader) else None
+
+
 def windows_executable(command: str) -> str:  # pragma: no cover - Windows only
     from mcp.os.win32.utilities import get_windows_executable_command
 

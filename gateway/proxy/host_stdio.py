@@ -9,7 +9,7 @@ import anyio
 from mcp.shared.message import SessionMessage
 
 import gateway.compat as compat
-from gateway.proxy.stdio_lines import READ_CHUNK, Intercept, Send, pump_lines, pump_writes
+from gateway.proxy.stdio_lines import READ_CHUNK, Intercept, Send, line_tap, pump_lines, pump_writes
 
 
 @asynccontextmanager
@@ -42,23 +42,29 @@ async def pipe_stdio_server(
     os.dup2(2, 1)
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=READ_CHUNK)
-    read_transport, _ = await loop.connect_read_pipe(
-        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(in_fd, "rb", buffering=0)
-    )
+    writer: asyncio.StreamWriter | None = None
+
+    async def send(data: bytes) -> None:
+        assert writer is not None  # connected before anything is read
+        writer.write(data)
+        await writer.drain()
+
+    intercept: Intercept | None = None
+    if lean is not None:  # the lean path's calls are taken as they arrive, before the pump's task wakes
+        intercept = lean(send)
+        reader.feed_data = line_tap(reader.feed_data, intercept)  # type: ignore[method-assign]
     write_transport, write_protocol = await loop.connect_write_pipe(
         compat.write_pipe_protocol(), os.fdopen(out_fd, "wb", buffering=0)
     )
     writer = asyncio.StreamWriter(write_transport, write_protocol, None, loop)
-
-    async def send(data: bytes) -> None:
-        writer.write(data)
-        await writer.drain()
+    read_transport, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(in_fd, "rb", buffering=0)
+    )
 
     read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](16)
     write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](16)
     try:
         async with anyio.create_task_group() as tg:
-            intercept = lean(send) if lean is not None else None
             tg.start_soon(pump_lines, lambda: reader.read(READ_CHUNK), read_send, "host", send, None, intercept)
             tg.start_soon(pump_writes, write_recv, send)
             try:

@@ -106,6 +106,39 @@ async def _read_spool(
     return _validate(raw, peer, lambda: "<a long line>")
 
 
+TAP_LIMIT = 1 << 16  # bytes: larger reads go to the pump as they are (long lines, spooling)
+
+
+def line_tap(feed: Callable[[bytes], None], intercept: Intercept) -> Callable[[bytes], None]:
+    """A stream reader's `feed_data` that first offers whole small lines to `intercept`, inside the
+    loop's read callback: a message it takes is handled a turn of the loop sooner than through the
+    pump's task (the lean path's calls and replies). Only a read that starts and ends at a line
+    boundary is looked at, and only up to the first line not taken; every other byte goes to the pump,
+    in order."""
+    at_boundary = True
+
+    def tap(data: bytes) -> None:
+        nonlocal at_boundary
+        begin = 0
+        if at_boundary and data.endswith(b"\n") and len(data) <= TAP_LIMIT:
+            try:
+                while begin < len(data):
+                    end = data.index(b"\n", begin) + 1
+                    if not intercept(json.loads(data[begin:end])):
+                        break
+                    begin = end
+            except ValueError:  # not JSON (or not UTF-8): the pump answers it
+                pass
+            except Exception:  # never lose bytes: the pump gets the line instead
+                log.exception("the line tap failed; the line goes to the pump")
+        if data:
+            at_boundary = data.endswith(b"\n")
+        if begin < len(data):
+            feed(data[begin:] if begin else data)
+
+    return tap
+
+
 def json_line(message: dict[str, Any]) -> bytes:
     """One JSON-RPC message as a line, UTF-8 as the SDK writes it. A lone surrogate (only ever inside a
     JSON string: an upstream sent its escape) is written as that escape again, `\\udXXX`, so the line

@@ -15,7 +15,7 @@ from mcp.shared.message import SessionMessage
 
 import gateway.compat as compat
 from gateway.proxy.lean import RawRequests
-from gateway.proxy.stdio_lines import READ_CHUNK, pump_lines, pump_writes
+from gateway.proxy.stdio_lines import READ_CHUNK, line_tap, pump_lines, pump_writes
 from gateway.services.spill import Spiller
 
 TERMINATION_GRACE = 2.0  # after stdin closes, before SIGTERM to the process group
@@ -96,6 +96,8 @@ async def linear_stdio_client(
 
     if raw is not None:
         raw.attach(send)
+        if (stdout := compat.stream_reader(process.stdout)) is not None:  # its replies taken as they arrive
+            stdout.feed_data = line_tap(stdout.feed_data, raw.intercept)
     async with anyio.create_task_group() as tg:
         tg.start_soon(reader)
         tg.start_soon(writer)
