@@ -4,9 +4,9 @@ A small call through the SDK is parsed, validated and serialized twice on each s
 (`Server` in front, `ClientSession` behind). Here the host's request is taken off the line as decoded
 JSON (`LeanFront`), runs through the same `Gateway.call` and plugin pipeline as every other call, and
 goes to a stdio upstream as one JSON line beside its `ClientSession` (`RawRequests`), whose reply is
-taken off that line before the SDK parses it. The result is read with the checks of the SDK's client
-and written with those of its server (`parse_result`, `wire_result`), once each, so the host receives
-what the SDK's path would send.
+taken off that line before the SDK parses it (both as the bytes arrive, `stdio_lines.line_tap`). The
+result is read with the checks of the SDK's client and written with those of its server
+(`parse_result`, `wire_result`), once each, so the host receives what the SDK's path would send.
 
 Only what is plain takes this path; everything else goes through the SDK unchanged: a host of the
 2026 era, a request asking for progress, params with fields beyond `name`/`arguments`/`_meta`, a
