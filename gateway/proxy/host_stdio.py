@@ -15,6 +15,7 @@ from gateway.proxy.stdio_lines import READ_CHUNK, Intercept, Send, line_tap, pum
 @asynccontextmanager
 async def pipe_stdio_server(
     lean: Callable[[Send], Intercept] | None = None,
+    worth: Callable[[bytes], bool] = lambda line: True,
 ) -> AsyncIterator[tuple[anyio.abc.ObjectReceiveStream, anyio.abc.ObjectSendStream]]:
     """The host side of stdio without a thread per message (POSIX pipes, asyncio).
 
@@ -23,7 +24,8 @@ async def pipe_stdio_server(
     Like the SDK, it moves the protocol to private descriptors while serving: fd 0 reads /dev/null and
     fd 1 writes to stderr, so a stray print or a child process cannot corrupt the protocol.
     With `lean`, plain `tools/call` requests are taken off the line for the gateway's lean path, which
-    answers them through the same writer (`proxy/lean.py`).
+    answers them through the same writer (`proxy/lean.py`); `worth` tells on the bytes which lines
+    may be for it.
     Raises ValueError when stdin/stdout are not pipes (then use the SDK's `stdio_server`).
     """
     import asyncio
@@ -52,7 +54,7 @@ async def pipe_stdio_server(
     intercept: Intercept | None = None
     if lean is not None:  # the lean path's calls are taken as they arrive, before the pump's task wakes
         intercept = lean(send)
-        reader.feed_data = line_tap(reader.feed_data, intercept)  # type: ignore[method-assign]
+        reader.feed_data = line_tap(reader.feed_data, intercept, worth)  # type: ignore[method-assign]
     write_transport, write_protocol = await loop.connect_write_pipe(
         compat.write_pipe_protocol(), os.fdopen(out_fd, "wb", buffering=0)
     )

@@ -63,7 +63,9 @@ def _front_stdio(gateway: Gateway) -> Any:
         import stat
 
         if all(stat.S_ISFIFO(os.fstat(fd).st_mode) or stat.S_ISSOCK(os.fstat(fd).st_mode) for fd in (0, 1)):
-            return pipe_stdio_server(gateway.lean.intercept if gateway.settings.gateway.lean_path else None)
+            if gateway.settings.gateway.lean_path:
+                return pipe_stdio_server(gateway.lean.intercept, gateway.lean.worth)
+            return pipe_stdio_server()
     return stdio_server()
 
 

@@ -102,6 +102,10 @@ class RawRequests:
         for waiter in self._pending.values():
             waiter.settle(CLOSED)
 
+    def worth(self, line: bytes) -> bool:
+        """Whether a line from the upstream may be for this path (`stdio_lines.line_tap`)."""
+        return bool(self._pending)
+
     def intercept(self, raw: Any) -> bool:
         if not self._pending or not isinstance(raw, dict):
             return False
@@ -241,6 +245,12 @@ class LeanFront:
         """Cancel the calls still running (the host connection ended)."""
         for task in list(self._flights.values()):
             task.cancel()
+
+    def worth(self, line: bytes) -> bool:
+        """Whether a line from the host may be for this path (`stdio_lines.line_tap`): a call, or a
+        cancel while calls run. Anything else (or an escaped method name) reaches `intercept` through
+        the line pump."""
+        return b'"tools/call"' in line or (bool(self._flights) and b'"notifications/cancelled"' in line)
 
     def intercept(self, send: Send) -> Callable[[Any], bool]:
         """The host reader's hook: True when the message was taken (answered later through `send`)."""

@@ -109,12 +109,15 @@ async def _read_spool(
 TAP_LIMIT = 1 << 16  # bytes: larger reads go to the pump as they are (long lines, spooling)
 
 
-def line_tap(feed: Callable[[bytes], None], intercept: Intercept) -> Callable[[bytes], None]:
+def line_tap(
+    feed: Callable[[bytes], None], intercept: Intercept, worth: Callable[[bytes], bool]
+) -> Callable[[bytes], None]:
     """A stream reader's `feed_data` that first offers whole small lines to `intercept`, inside the
     loop's read callback: a message it takes is handled a turn of the loop sooner than through the
     pump's task (the lean path's calls and replies). Only a read that starts and ends at a line
-    boundary is looked at, and only up to the first line not taken; every other byte goes to the pump,
-    in order."""
+    boundary is looked at, only up to the first line not taken, and only lines `worth` a look (a
+    check on the bytes, so the SDK's own traffic is not decoded twice); every other byte goes to the
+    pump, in order."""
     at_boundary = True
 
     def tap(data: bytes) -> None:
@@ -124,7 +127,8 @@ def line_tap(feed: Callable[[bytes], None], intercept: Intercept) -> Callable[[b
             try:
                 while begin < len(data):
                     end = data.index(b"\n", begin) + 1
-                    if not intercept(json.loads(data[begin:end])):
+                    line = data[begin:end]
+                    if not worth(line) or not intercept(json.loads(line)):
                         break
                     begin = end
             except ValueError:  # not JSON (or not UTF-8): the pump answers it

@@ -97,7 +97,7 @@ async def linear_stdio_client(
     if raw is not None:
         raw.attach(send)
         if (stdout := compat.stream_reader(process.stdout)) is not None:  # its replies taken as they arrive
-            stdout.feed_data = line_tap(stdout.feed_data, raw.intercept)
+            stdout.feed_data = line_tap(stdout.feed_data, raw.intercept, raw.worth)
     async with anyio.create_task_group() as tg:
         tg.start_soon(reader)
         tg.start_soon(writer)

@@ -20,7 +20,7 @@ def _tap(wanted: set[int]) -> tuple[Any, list[bytes], list[int]]:
             return True
         return False
 
-    return line_tap(fed.append, intercept), fed, taken
+    return line_tap(fed.append, intercept, lambda line: True), fed, taken
 
 
 def msg(i: int) -> bytes:
@@ -60,5 +60,30 @@ def test_a_failing_intercept_loses_nothing() -> None:
     def broken(raw: Any) -> bool:
         raise RuntimeError("bug")
 
-    line_tap(fed.append, broken)(msg(1))
+    line_tap(fed.append, broken, lambda line: True)(msg(1))
     assert fed == [msg(1)]
+
+
+def test_lines_not_worth_a_look_are_not_decoded() -> None:
+    fed: list[bytes] = []
+    decoded: list[Any] = []
+
+    def intercept(raw: Any) -> bool:
+        decoded.append(raw)
+        return True
+
+    tap = line_tap(fed.append, intercept, lambda line: b'"tools/call"' in line)
+    call = b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x"}}\n'
+    tap(call + msg(2))
+    assert len(decoded) == 1 and fed == [msg(2)]  # the listing's reply reached the pump undecoded
+
+
+def test_the_lean_paths_byte_checks() -> None:
+    from gateway.proxy.lean import LeanFront, RawRequests
+
+    front = LeanFront(lambda: None, None)  # type: ignore[arg-type]
+    assert front.worth(b'{"method": "tools/call", "id": 3}\n')
+    assert not front.worth(b'{"method":"tools/list","id":3}\n')
+    assert not front.worth(b'{"method":"notifications/cancelled","params":{"requestId":3}}\n')  # no calls run
+    raw = RawRequests()
+    assert not raw.worth(msg(1))  # nothing pending: the upstream's lines go to the SDK undecoded
