@@ -237,3 +237,15 @@ async def test_a_lone_surrogate_in_a_result_reaches_the_host_as_valid_json(tmp_p
         after = await host.call("p__echo", {"text": "still serving"})
     assert "a" in str(odd["result"]) and odd["result"]["content"][0]["text"].startswith("a")
     assert after["result"]["content"][0]["text"] == "still serving"
+
+
+@pytest.mark.parametrize("lean", [True, False])
+async def test_a_large_result_holding_a_lone_surrogate_is_offloaded(tmp_path: Path, lean: bool) -> None:
+    """The token estimate used to raise on a lone surrogate, and offload passed such a result on whole."""
+    raw = {"command": PY, "args": [str(Path(__file__).parent / "servers" / "raw_server.py"), "--surrogate"]}
+    async with raw_host(tmp_path, {"raw": raw}, lean_path=lean, plugins=["offload"], max_response_size=4096) as host:
+        big = await host.call("raw__lone_surrogate", {"rows": 50_000})
+    text = big["result"]["content"][0]["text"]
+    assert len(text) < 4096 and "fileRef" in text
+    saved = Path(json.loads(text)["fileRef"]["path"]).read_text(encoding="utf-8", errors="surrogateescape")
+    assert saved.startswith("arow row") and saved.endswith("b") and len(saved) > 200_000

@@ -59,7 +59,8 @@ for line in sys.stdin:
         sys.stdout.flush()
         sys.exit(1)
     elif method == "tools/call" and msg["params"]["name"] == "lone_surrogate":
-        reply(msg_id, {"content": [{"type": "text", "text": "a\ud800b"}]})
+        rows = int((msg["params"].get("arguments") or {}).get("rows", 0))
+        reply(msg_id, {"content": [{"type": "text", "text": "a" + "row " * rows + "\ud800b"}]})
     elif method == "tools/call":
         args = msg["params"].get("arguments") or {}
         reply(msg_id, {"content": [{"type": "text", "text": f"{msg['params']['name']}:{args.get('text', '')}"}]})
