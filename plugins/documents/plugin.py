@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -126,10 +127,13 @@ class DocumentStore:
             return existing | {"unchanged": True}
         outline: list[str] = []
         chunks = tokens = 0
+        # made before the store is locked, so searches go on meanwhile; a large document comes in two
+        # batches, and the first is stored while the second is still being made
+        batches = chunk_batches(text, kind)
+        first = next(batches)
         with self.lock, self.index.transaction():
             self.forget(doc_id)
-            # a large document comes in two batches: the first is stored while the second is made
-            for batch in chunk_batches(text, kind):
+            for batch in itertools.chain([first], batches):
                 if batch is None:  # start over (see `chunk_batches`)
                     self.forget(doc_id)
                     outline, chunks, tokens = [], 0, 0

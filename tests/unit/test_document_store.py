@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -50,3 +51,32 @@ def test_a_failure_while_storing_leaves_the_previous_version(tmp_path: Path, mon
     with pytest.raises(OSError):
         store.put("d", "t", "s", TEXT + "more", "markdown")
     assert store.chunks("d", 0, 99) == before  # the replace was rolled back whole
+
+
+def test_the_store_is_not_locked_while_the_first_batch_is_made(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = DocumentStore(tmp_path / "docs.sqlite")
+    seen: list[bool] = []
+
+    def free_elsewhere() -> bool:  # the lock is re-entrant: ask from another thread
+        result: list[bool] = []
+
+        def probe() -> None:
+            got = store.lock.acquire(blocking=False)
+            if got:
+                store.lock.release()
+            result.append(got)
+
+        thread = threading.Thread(target=probe)
+        thread.start()
+        thread.join()
+        return result[0]
+
+    def batches(text: str, kind: str):
+        seen.append(free_elsewhere())  # a search could run while the document is chunked
+        yield _batch("a")
+        seen.append(free_elsewhere())  # the first part is being stored: one transaction, locked
+        yield _batch("b")
+
+    monkeypatch.setattr(plugin, "chunk_batches", batches)
+    assert store.put("d", "t", "s", TEXT, "markdown")["chunks"] == 2
+    assert seen == [True, False]
