@@ -19,8 +19,7 @@ from pydantic import BaseModel
 from gateway.progress import ProgressReporter, no_progress
 from gateway.services.costs import Cost, result_cost
 from gateway.services.responses import ResponseStore
-from gateway.services.text import dumps
-from gateway.services.tokens import estimate_tokens
+from gateway.services.tokens import json_tokens
 
 if TYPE_CHECKING:  # types only: services the context hands out (no cycle: services never import the plugin API)
     from gateway.services.model_endpoint import ModelEndpoint
@@ -53,7 +52,7 @@ class ToolCall:
         """Tokens of the arguments as the model wrote them (compact JSON), counted once. The lean path
         counts them while the upstream works (`proxy/lean.py`), off the caller's wait."""
         if self._argument_tokens is None:
-            self._argument_tokens = estimate_tokens(dumps(self.arguments))
+            self._argument_tokens = json_tokens(self.arguments)
         return self._argument_tokens
 
     def cost_of(self, result: types.CallToolResult) -> Cost:

@@ -21,8 +21,9 @@ import threading
 from collections.abc import Mapping
 from itertools import repeat
 from operator import mul
+from typing import Any
 
-from gateway.services.text import CJK_RUN
+from gateway.services.text import CJK_RUN, dumps
 
 # The features as patterns: their definition (tests/unit/test_token_counts.py checks `_counts` against
 # it). The ASCII ones are counted with byte classes, the rest with these regexes.
@@ -231,3 +232,8 @@ ESTIMATOR = TokenEstimator()
 def estimate_tokens(text: str) -> int:
     """Tokens `text` will cost in the user's model, leaning high (the process's estimator)."""
     return ESTIMATOR.estimate(text)
+
+
+def json_tokens(value: Any) -> int:
+    """Tokens of a JSON value as the model reads it (compact JSON, Korean as written)."""
+    return estimate_tokens(dumps(value))

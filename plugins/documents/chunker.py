@@ -119,7 +119,12 @@ def chunk_batches(
     if cut is not None and (yield from _two_parts(text, cut, size)):
         return
     chunks = chunk_document(text, kind, size)
-    yield chunks, [expand(index_text(c)) for c in chunks]
+    yield chunks, search_columns(chunks)
+
+
+def search_columns(chunks: list[Chunk]) -> list[str]:
+    """Each chunk's `extra` search column, as the index would make it."""
+    return [expand(index_text(c)) for c in chunks]
 
 
 def _cut_point_for_two(text: str, share: float = FIRST_SHARE) -> int | None:
@@ -168,11 +173,11 @@ def _closed(block: Block) -> bool:
 
 
 def _tail_part(text: str, size: int) -> tuple[list[Chunk], list[str], tuple[str, int, int]]:
-    """The second half, in the worker process: its chunks, their search column, and its first block."""
+    """The second part, in the worker process: its chunks, their search column, and its first block."""
     blocks = markdown_blocks(text)
     first = (blocks[0].kind, blocks[0].level, blocks[0].line) if blocks else ("", 0, -1)
     chunks = pack(blocks, size)
-    return chunks, [expand(index_text(c)) for c in chunks], first
+    return chunks, search_columns(chunks), first
 
 
 def _two_parts(text: str, cut: int, size: int) -> Generator[Batch | None, None, bool]:
@@ -195,7 +200,7 @@ def _two_parts(text: str, cut: int, size: int) -> Generator[Batch | None, None, 
                 return False
             chunks = pack(blocks, size)
             sent = True
-            yield chunks, [expand(index_text(c)) for c in chunks]
+            yield chunks, search_columns(chunks)
             tail_chunks, tail_extras, first = tail.result()
     except (OSError, RuntimeError) as exc:  # no worker process here (BrokenProcessPool is a RuntimeError)
         log.warning("ingesting in one process: a worker process could not run (%s)", exc)

@@ -4,12 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.services.text import dumps
 from gateway.services.tokens import estimate_tokens
-
-
-def cost(value: Any) -> int:
-    return estimate_tokens(dumps(value))
+from gateway.services.tokens import json_tokens as cost
 
 
 def fit(value: Any, max_tokens: int) -> tuple[Any, bool]:
