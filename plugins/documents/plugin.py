@@ -131,7 +131,7 @@ class DocumentStore:
         # batches, and the first is stored while the second is still being made
         batches = chunk_batches(text, kind)
         first = next(batches)
-        with self.lock, self.index.transaction():
+        with self.lock, self.index.transaction(bulk=True):
             self.forget(doc_id)
             for batch in itertools.chain([first], batches):
                 if batch is None:  # start over (see `chunk_batches`)
