@@ -27,6 +27,7 @@ _CJK = CJK_CLASS
 _WORD = re.compile(rf"[{_CJK}]+|[^\W_]+(?:[_\-.][^\W_]+)*", re.UNICODE)
 _CJK_RUN = re.compile(f"^[{_CJK}]+$")
 _CAMEL = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
+_SEPARATORS = re.compile(r"[_\-./\\:]+")
 MAX_QUERY_TERMS = 32
 # FTS5 writes its pending terms out as a new segment (later merged) whenever they pass this many
 # bytes; SQLite's 1 MB default makes a 30 MB ingest build and merge ~60 segments (~20 % of its inserts)
@@ -36,7 +37,7 @@ HASH_BYTES = 16 * 2**20
 def identifier_parts(word: str) -> list[str]:
     """`getUserName` -> get, user, name; `snake_case-name.v2` -> snake, case, name, v2."""
     parts: list[str] = []
-    for piece in re.split(r"[_\-./\\:]+", word):
+    for piece in _SEPARATORS.split(word):
         if not piece:
             continue
         split = _CAMEL.findall(piece)

@@ -9,10 +9,16 @@ code by top-level blocks.
 
 from __future__ import annotations
 
+import gc
+import itertools
 import logging
+import os
+import pickle
 import re
+import threading
 from bisect import bisect_left
 from collections.abc import Generator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from markdown_it import MarkdownIt
@@ -94,8 +100,10 @@ PARALLEL_ABOVE = 4 * 2**20  # characters; below, one process does it all (a seco
 _LEVEL1 = re.compile(r"\n\n# ")  # a level-1 heading after a blank line (it starts 2 characters in)
 _FENCE_LINE = re.compile(r"\n {0,3}(`{3,}|~{3,})([^\n]*)")
 ODD_BREAKS = "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"  # line breaks markdown-it and splitlines count apart
-# the first part's share: the caller stores it while the worker makes the rest, so the worker gets more
-FIRST_SHARE = 0.48
+# The caller's share: it stores every batch, so the worker gets the rest, in pieces it sends back one by
+# one (the caller stores a piece while the worker makes the next, and only the last is left at the end).
+FIRST_SHARE = 0.5
+WORKER_PIECES = 2
 
 
 Batch = tuple[list[Chunk], list[str]]  # chunks, in order, and each one's `extra` search column
@@ -105,18 +113,17 @@ def chunk_batches(
     text: str, kind: str, size: int = CHUNK_TOKENS, parallel_above: int = PARALLEL_ABOVE
 ) -> Iterator[Batch | None]:
     """The chunks of a document and each one's `extra` search column (`search_index.expand`), in one
-    batch or two: the caller stores the first while the second is still being made.
+    batch or several: the caller stores each while the next is still being made.
 
-    A Markdown text above `parallel_above` characters is done in two parts at once, the second in a
-    worker process (the work is Python, so a thread would not help): cut at a level-1 heading a little
-    before the middle (the caller's work on the first part fills the time the worker needs beyond it),
-    where the chunker starts afresh anyway, and only where the first part is seen to end cleanly (no
-    code fence or raw HTML block left open), so the chunks are exactly those of one pass. A `None`
-    means "start over": what came before is void and the whole follows in one batch (the second part
-    did not start where it was cut, or the worker failed after the first part went out).
+    A Markdown text above `parallel_above` characters is done in parts at once, the later ones in a
+    worker process (the work is Python, so a thread would not help): cut at level-1 headings, where
+    the chunker starts afresh anyway, and only where the part before is seen to end cleanly (no code
+    fence or raw HTML block left open), so the chunks are exactly those of one pass. A `None` means
+    "start over": what came before is void and the whole follows in one batch (a part did not start
+    or end where it was cut, or the worker failed after a batch went out).
     """
-    cut = _cut_point_for_two(text) if kind == "markdown" and len(text) > parallel_above else None
-    if cut is not None and (yield from _two_parts(text, cut, size)):
+    cuts = _cut_points(text) if kind == "markdown" and len(text) > parallel_above else []
+    if cuts and (yield from _in_parts(text, cuts, size)):
         return
     chunks = chunk_document(text, kind, size)
     yield chunks, search_columns(chunks)
@@ -127,11 +134,11 @@ def search_columns(chunks: list[Chunk]) -> list[str]:
     return [expand(index_text(c)) for c in chunks]
 
 
-def _cut_point_for_two(text: str, share: float = FIRST_SHARE) -> int | None:
-    """Where a level-1 heading starts, nearest `share` of the text, outside every code fence; None if none."""
+def _cut_points(text: str, first_share: float = FIRST_SHARE, pieces: int = WORKER_PIECES) -> list[int]:
+    """Where level-1 headings start, outside every code fence, nearest `first_share` of the text and
+    then evenly through the rest; no cut (one pass) when no heading is near the first mark."""
     if any(odd in text for odd in ODD_BREAKS):  # one C-level scan each, far quicker than a regex class
-        return None
-    middle = int(len(text) * share)
+        return []
     fences = [(m.start(), m.group(1), m.group(2)) for m in _FENCE_LINE.finditer("\n" + text)]  # line starts
     open_at: list[tuple[int, int]] = []  # (start, end) of fenced code
     opener: tuple[int, str] | None = None
@@ -145,7 +152,7 @@ def _cut_point_for_two(text: str, share: float = FIRST_SHARE) -> int | None:
     if opener is not None:
         open_at.append((opener[0], len(text)))
     starts = [a for a, _ in open_at]
-    best = None
+    headings = []
     for m in _LEVEL1.finditer(text):
         at = m.start() + 2
         inside = bisect_left(starts, at) - 1  # the last fence opened before this line (fences are in order)
@@ -154,11 +161,19 @@ def _cut_point_for_two(text: str, share: float = FIRST_SHARE) -> int | None:
         before = text[text.rfind("\n", 0, at - 2) + 1 : at - 2].strip()
         if before[:1] == "#" or (before and not before.strip("=-")):
             continue  # right after another heading (ATX or setext): one pass would join the two
-        if best is None or abs(at - middle) < abs(best - middle):
-            best = at
-    if best is None or not len(text) // 4 < best < 3 * len(text) // 4:
-        return None  # no heading near the middle: one pass
-    return best
+        headings.append(at)
+    n = len(text)
+    marks = [first_share + (1 - first_share) * i / pieces for i in range(pieces)]
+    cuts: list[int] = []
+    for mark in marks:
+        target = int(n * mark)
+        near = [at for at in headings if abs(at - target) < n // 8 and at > (cuts[-1] if cuts else 0)]
+        if not near:
+            if not cuts:
+                return []  # no heading near the first mark: one pass
+            continue
+        cuts.append(min(near, key=lambda at: abs(at - target)))
+    return cuts
 
 
 def _closed(block: Block) -> bool:
@@ -172,46 +187,76 @@ def _closed(block: Block) -> bool:
     return closing.startswith(marker[0] * len(marker)) and not closing.strip(marker[0])
 
 
-def _tail_part(text: str, size: int) -> tuple[list[Chunk], list[str], tuple[str, int, int]]:
-    """The second part, in the worker process: its chunks, their search column, and its first block."""
+def _ends_cleanly(blocks: list[Block]) -> bool:
+    """Whether the chunker starts afresh at a level-1 heading after these blocks: only after a block
+    that is not a heading, and not inside a fence or a raw HTML block (which a heading does not close)."""
+    last = blocks[-1] if blocks else None
+    return last is not None and last.kind != "heading" and _closed(last) and not last.text.lstrip().startswith("<")
+
+
+Part = tuple[list[Chunk], list[str], bool, bool]  # chunks, search column, starts at a level-1 heading, ends cleanly
+
+
+def _worker_part(path: str, size: int) -> str:
+    """A later part, in the worker process: the text is read from `path` and its `Part` pickled to
+    `path + ".part"`, whose name is returned. Files, not the pool's pipe: the pipe moves 64 KB a turn,
+    and each turn waits for the busy parent's GIL (a second a part, with the worker stalled)."""
+    with open(path, encoding="utf-8", errors="surrogatepass", newline="") as f:
+        text = f.read()
     blocks = markdown_blocks(text)
-    first = (blocks[0].kind, blocks[0].level, blocks[0].line) if blocks else ("", 0, -1)
+    starts = bool(blocks) and (blocks[0].kind, blocks[0].level, blocks[0].line) == ("heading", 1, 0)
     chunks = pack(blocks, size)
-    return chunks, search_columns(chunks), first
+    part: Part = (chunks, search_columns(chunks), starts, _ends_cleanly(blocks))
+    with open(path + ".part", "wb") as f:
+        pickle.dump(part, f, protocol=pickle.HIGHEST_PROTOCOL)
+    return path + ".part"
 
 
-def _two_parts(text: str, cut: int, size: int) -> Generator[Batch | None, None, bool]:
-    """`chunk_batches` in two parts; False when one pass must follow (after a `None` if a batch went out)."""
+def _in_parts(text: str, cuts: list[int], size: int) -> Generator[Batch | None, None, bool]:
+    """`chunk_batches` in parts; False when one pass must follow (after a `None` if a batch went out)."""
     import multiprocessing
+    import tempfile
     from concurrent.futures import ProcessPoolExecutor
 
-    head = text[:cut]
+    bounds = [*cuts, len(text)]
     sent = False
-    first: tuple[str, int, int] | None = None
+    worker = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+    # a private directory (mode 0700) of this ingest's own: only our worker reads and writes in it
+    scratch = tempfile.TemporaryDirectory(prefix="ctx-ingest-")
     try:
-        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as worker:
-            tail = worker.submit(_tail_part, text[cut:], size)
-            blocks = markdown_blocks(head)
-            last = blocks[-1] if blocks else None
-            # the chunker starts afresh at the heading only after a block that is not a heading, and the
-            # first part must not end inside a fence or a raw HTML block (which a heading does not close)
-            if last is None or last.kind == "heading" or not _closed(last) or last.text.lstrip().startswith("<"):
-                tail.cancel()
+        # every later part is queued at once: the worker makes them one after another
+        parts = []
+        for i, (start, end) in enumerate(itertools.pairwise(bounds)):
+            source = os.path.join(scratch.name, f"part{i}.md")
+            with open(source, "w", encoding="utf-8", errors="surrogatepass", newline="") as f:
+                f.write(text[start:end])
+            parts.append(worker.submit(_worker_part, source, size))
+        blocks = markdown_blocks(text[: cuts[0]])
+        if not _ends_cleanly(blocks):
+            return False
+        chunks = pack(blocks, size)
+        sent = True
+        yield chunks, search_columns(chunks)
+        offset = text.count("\n", 0, cuts[0])
+        for (start, end), part in zip(itertools.pairwise(bounds), parts, strict=True):
+            with open(part.result(), "rb") as f:
+                part_chunks, part_extras, starts, ends = pickle.load(f)
+            if not starts or (not ends and end < len(text)):
+                yield None
                 return False
-            chunks = pack(blocks, size)
-            sent = True
-            yield chunks, search_columns(chunks)
-            tail_chunks, tail_extras, first = tail.result()
-    except (OSError, RuntimeError) as exc:  # no worker process here (BrokenProcessPool is a RuntimeError)
+            for chunk in part_chunks:
+                chunk.line += offset
+            yield part_chunks, part_extras
+            offset += text.count("\n", start, end)
+    except (OSError, RuntimeError, pickle.UnpicklingError) as exc:  # no worker process, or no room for its files
         log.warning("ingesting in one process: a worker process could not run (%s)", exc)
-    if first != ("heading", 1, 0):
         if sent:
             yield None
         return False
-    offset = head.count("\n")
-    for chunk in tail_chunks:
-        chunk.line += offset
-    yield tail_chunks, tail_extras
+    finally:
+        # parts not begun are dropped (the caller may have stopped early: a failed store)
+        worker.shutdown(wait=True, cancel_futures=True)
+        scratch.cleanup()
     return True
 
 
@@ -237,7 +282,38 @@ def _is_table(body: str) -> bool:
     return len(head) >= 2 and "|" in head[0] and "|" in head[1] and _DELIMITER_ROW.fullmatch(head[1]) is not None
 
 
+_PAUSES = 0
+_PAUSES_LOCK = threading.Lock()
+_COLLECTING = True  # whether the collector ran before the first pause began
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cycle collector paused while markdown-it parses (process-wide, so counted across
+    threads): the parse makes several tracked objects a line, and the collector's full passes over
+    them as they pile up were a quarter of the parse. Reference counting frees what the parse leaves;
+    anything cyclic waits for the collector's next pass."""
+    global _PAUSES, _COLLECTING
+    with _PAUSES_LOCK:
+        if _PAUSES == 0:
+            _COLLECTING = gc.isenabled()
+            gc.disable()
+        _PAUSES += 1
+    try:
+        yield
+    finally:
+        with _PAUSES_LOCK:
+            _PAUSES -= 1
+            if _PAUSES == 0 and _COLLECTING:
+                gc.enable()
+
+
 def markdown_blocks(text: str) -> list[Block]:
+    with _collector_paused():  # the tokens live until the blocks are made
+        return _markdown_blocks(text)
+
+
+def _markdown_blocks(text: str) -> list[Block]:
     lines = text.splitlines(keepends=True)
     starts: list[tuple[int, str, int]] = []
     for token in _MD.parse(text):

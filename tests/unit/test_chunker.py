@@ -1,12 +1,12 @@
-"""A large Markdown document is chunked in two parts at once: the chunks must be exactly those of one
-pass, wherever the cut could go wrong (code fences, raw HTML, headings in a row, odd line breaks)."""
+"""A large Markdown document is chunked in parts at once: the chunks must be exactly those of one pass,
+wherever a cut could go wrong (code fences, raw HTML, headings in a row, odd line breaks)."""
 
 from __future__ import annotations
 
 import pytest
 
 from gateway.services.search_index import expand
-from plugins.documents.chunker import _cut_point_for_two, chunk_batches, chunk_document, index_text
+from plugins.documents.chunker import _cut_points, chunk_batches, chunk_document, index_text
 
 
 def section(n: int, body: str = "") -> str:
@@ -32,18 +32,14 @@ def joined(batches: list) -> tuple[list, list[str]]:
     return chunks, extras
 
 
-def test_two_parts_give_the_chunks_of_one_pass() -> None:
+def test_parts_give_the_chunks_of_one_pass() -> None:
     text = "".join(section(n) for n in range(40))  # each section ends with a (closed) code fence
-    cut = _cut_point_for_two(text)
-    assert cut is not None and text[cut:].startswith("# Part 19")  # a little before the middle
+    cuts = _cut_points(text)
+    assert [text[cut:].split("\n", 1)[0] for cut in cuts] == ["# Part 20", "# Part 30"]  # half, then evenly
     got = batches(text)
-    assert len(got) == 2 and None not in got  # it really was done in two parts
+    assert len(got) == 3 and None not in got  # it really was done in three parts
     assert joined(got) == one_pass(text)
     assert [c.line for c in joined(got)[0]] == sorted(c.line for c in joined(got)[0])
-
-
-def _middle(text_before: str, hazard: str, text_after: str) -> str:
-    return text_before + hazard + text_after
 
 
 HAZARDS = {
@@ -51,6 +47,7 @@ HAZARDS = {
     "fence": "```bash\n\n# not a heading\n\necho hi\n\n# nor this\n```\n\n",
     "tilde fence with backticks inside": "~~~\n```\n\n# inside\n~~~\n\n",
     "raw html": "<pre>\n\n# inside pre\n\n</pre>\n\n",
+    "unclosed raw html": "<pre>\n\n# inside pre\n\n",  # the rest of the document is inside it
     "html comment": "<!--\n\n# inside a comment\n\n-->\n\n",
     "headings in a row": "# First\n\n# Second\n\n",
     "unclosed fence": "```\n\n# inside\n\n",
@@ -58,14 +55,15 @@ HAZARDS = {
 
 
 @pytest.mark.parametrize("hazard", HAZARDS)
-def test_a_cut_is_never_made_where_one_pass_would_differ(hazard: str) -> None:
-    before = "".join(section(n) for n in range(20))
-    after = "".join(section(n) for n in range(20, 40))
-    text = _middle(before, HAZARDS[hazard], after)
+@pytest.mark.parametrize("at", [20, 30])  # where the caller's part ends; where the worker's first part ends
+def test_a_cut_is_never_made_where_one_pass_would_differ(hazard: str, at: int) -> None:
+    before = "".join(section(n) for n in range(at))
+    after = "".join(section(n) for n in range(at, 40))
+    text = before + HAZARDS[hazard] + after
     assert joined(batches(text)) == one_pass(text)
 
 
 def test_odd_line_breaks_are_done_in_one_pass() -> None:
     text = "".join(section(n) for n in range(40)).replace("\n", "\r\n")
-    assert _cut_point_for_two(text) is None
+    assert _cut_points(text) == []
     assert batches(text) == [one_pass(text)]
