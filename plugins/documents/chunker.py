@@ -122,8 +122,7 @@ def chunk_batches(
     "start over": what came before is void and the whole follows in one batch (a part did not start
     or end where it was cut, or the worker failed after a batch went out).
     """
-    cuts = _cut_points(text) if kind == "markdown" and len(text) > parallel_above else []
-    if cuts and (yield from _in_parts(text, cuts, size)):
+    if kind == "markdown" and len(text) > parallel_above and (yield from _in_parts(text, size)):
         return
     chunks = chunk_document(text, kind, size)
     yield chunks, search_columns(chunks)
@@ -212,18 +211,26 @@ def _worker_part(path: str, size: int) -> str:
     return path + ".part"
 
 
-def _in_parts(text: str, cuts: list[int], size: int) -> Generator[Batch | None, None, bool]:
+def _ready() -> None:
+    """The worker's first task: it imports this module while the caller looks for the cuts."""
+
+
+def _in_parts(text: str, size: int) -> Generator[Batch | None, None, bool]:
     """`chunk_batches` in parts; False when one pass must follow (after a `None` if a batch went out)."""
     import multiprocessing
     import tempfile
     from concurrent.futures import ProcessPoolExecutor
 
-    bounds = [*cuts, len(text)]
     sent = False
     worker = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
     # a private directory (mode 0700) of this ingest's own: only our worker reads and writes in it
     scratch = tempfile.TemporaryDirectory(prefix="ctx-ingest-")
     try:
+        worker.submit(_ready)  # the process starts now (~0.5 s), not after the cuts are found
+        cuts = _cut_points(text)
+        if not cuts:
+            return False
+        bounds = [*cuts, len(text)]
         # every later part is queued at once: the worker makes them one after another
         parts = []
         for i, (start, end) in enumerate(itertools.pairwise(bounds)):
@@ -254,8 +261,9 @@ def _in_parts(text: str, cuts: list[int], size: int) -> Generator[Batch | None, 
             yield None
         return False
     finally:
-        # parts not begun are dropped (the caller may have stopped early: a failed store)
-        worker.shutdown(wait=True, cancel_futures=True)
+        # parts not begun are dropped, and a part still being made is not waited for (the caller
+        # stopped early, or one pass follows): its process ends when it is done
+        worker.shutdown(wait=False, cancel_futures=True)
         scratch.cleanup()
     return True
 
