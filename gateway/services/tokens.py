@@ -19,7 +19,6 @@ import re
 import string
 import threading
 from collections.abc import Mapping
-from itertools import repeat
 from operator import mul
 from typing import Any
 
@@ -141,6 +140,7 @@ def _classes(spec: dict[str, str]) -> bytes:
 
 _PUNCT_CHARS = "".join(chr(c) for c in range(33, 127) if not chr(c).isalnum())  # `_PUNCT_RUN`'s class
 _LETTER = _classes({string.ascii_letters: "a"})
+_LONG_RUN = re.compile(rb"a{7,}")
 _CASE = _classes({string.ascii_lowercase: "l", string.ascii_uppercase: "U"})
 _UPPER = _classes({string.ascii_uppercase: "U"})
 _DIGIT = _classes({string.digits: "0"})
@@ -158,8 +158,9 @@ def _counts(text: str) -> tuple[int, ...]:
     n = len(text)
     plain = text.isascii()
     data = text.encode("ascii") if plain else text.encode("utf-8", "surrogatepass")
-    lengths = list(map(len, data.translate(_LETTER).split()))
-    letters = sum(lengths)
+    letter = data.translate(_LETTER)
+    letters = letter.count(b"a")
+    long_runs = _LONG_RUN.findall(letter) if letters > 6 else []  # few words are long: no object for the rest
     case = data.translate(_CASE)
     caps = [size for size in map(len, data.translate(_UPPER).split()) if size >= 5] if b"UUUUU" in case else []
     digits = data.translate(_DIGIT)
@@ -179,10 +180,10 @@ def _counts(text: str) -> tuple[int, ...]:
     return (
         hangul,
         cjk - hangul,
-        len(lengths),
+        letter.count(b" a") + (letter[:1] == b"a") if letters else 0,  # runs: where one starts
         case.count(b"lU"),  # `[a-z][A-Z]`: the pair cannot overlap itself, so `count` finds each
         sum(caps) - 4 * len(caps),
-        letters - sum(map(min, lengths, repeat(6))),  # letters beyond the 6th of each run
+        sum(map(len, long_runs)) - 6 * len(long_runs),  # letters beyond the 6th of each run
         digit,
         digits.count(b" 0") + (digits[:1] == b"0") if digit else 0,  # runs: where one starts
         sum(size for size in map(len, opaque.split()) if size >= 16) if b"o" * 16 in opaque else 0,
