@@ -224,7 +224,7 @@ def _in_parts(text: str, size: int) -> Generator[Batch | None, None, bool]:
     sent = False
     worker = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
     # a private directory (mode 0700) of this ingest's own: only our worker reads and writes in it
-    scratch = tempfile.TemporaryDirectory(prefix="ctx-ingest-")
+    scratch = tempfile.TemporaryDirectory(prefix="ctx-ingest-", ignore_cleanup_errors=True)
     try:
         worker.submit(_ready)  # the process starts now (~0.5 s), not after the cuts are found
         cuts = _cut_points(text)
