@@ -67,3 +67,38 @@ def test_odd_line_breaks_are_done_in_one_pass() -> None:
     text = "".join(section(n) for n in range(40)).replace("\n", "\r\n")
     assert _cut_points(text) == []
     assert batches(text) == [one_pass(text)]
+
+
+def test_the_collector_is_paused_while_parsing_and_restored_after() -> None:
+    import gc
+    import threading
+
+    from plugins.documents import chunker
+
+    seen: list[bool] = []
+    real_parse = chunker._MD.parse
+
+    def parse(text: str):  # notes the collector's state while markdown-it runs
+        seen.append(gc.isenabled())
+        return real_parse(text)
+
+    assert gc.isenabled()
+    chunker._MD.parse = parse
+    try:
+        chunker.markdown_blocks("# A\n\ntext\n")
+        assert seen == [False] and gc.isenabled()
+        # two pauses at once (two ingests in threads): the collector comes back after the last one
+        inner_done = threading.Event()
+        with chunker._collector_paused():
+            worker = threading.Thread(target=lambda: (chunker.markdown_blocks("# B\n"), inner_done.set()))
+            worker.start()
+            worker.join()
+            assert inner_done.is_set() and not gc.isenabled()
+        assert gc.isenabled()
+        # a collector someone else turned off stays off
+        gc.disable()
+        chunker.markdown_blocks("# C\n")
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+        del chunker._MD.parse
