@@ -102,3 +102,12 @@ def test_the_collector_is_paused_while_parsing_and_restored_after() -> None:
     finally:
         gc.enable()
         del chunker._MD.parse
+
+
+def test_a_lone_surrogate_crosses_to_the_worker_and_back() -> None:
+    # an offloaded result's JSON escape can leave one; the parts go through files in UTF-8
+    text = "".join(section(n, "odd \ud800 char" if n == 35 else "") for n in range(40))
+    got = batches(text)
+    assert len(got) == 3 and None not in got
+    assert joined(got) == one_pass(text)
+    assert any("\ud800" in c.text for c in got[2][0])
