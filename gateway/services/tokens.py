@@ -149,6 +149,11 @@ _OPAQUE_CHARS = _classes({string.ascii_letters + string.digits + "+/=_-": "o"})
 _BLANK = _classes({" \t": "s"})
 
 
+def _runs(classes: bytes, mark: bytes) -> int:
+    """Runs of one class in a translated text (`_classes`): where one starts, after a space or at 0."""
+    return classes.count(b" " + mark) + classes.startswith(mark)
+
+
 def _counts(text: str) -> tuple[int, ...]:
     """The feature counts in `FEATURES` order. The ASCII features (the patterns above) are counted on
     the UTF-8 bytes mapped to one class letter per feature by `bytes.translate`: runs are what
@@ -180,19 +185,19 @@ def _counts(text: str) -> tuple[int, ...]:
     return (
         hangul,
         cjk - hangul,
-        letter.count(b" a") + (letter[:1] == b"a") if letters else 0,  # runs: where one starts
+        _runs(letter, b"a") if letters else 0,
         case.count(b"lU"),  # `[a-z][A-Z]`: the pair cannot overlap itself, so `count` finds each
         sum(caps) - 4 * len(caps),
         sum(map(len, long_runs)) - 6 * len(long_runs),  # letters beyond the 6th of each run
         digit,
-        digits.count(b" 0") + (digits[:1] == b"0") if digit else 0,  # runs: where one starts
+        _runs(digits, b"0") if digit else 0,
         sum(size for size in map(len, opaque.split()) if size >= 16) if b"o" * 16 in opaque else 0,
         text.count("\n"),
         text.count("\t"),
         len(blanks),
         sum(blanks),
         punct_chars,
-        punct.count(b" !") + (punct[:1] == b"!") if punct_chars else 0,
+        _runs(punct, b"!") if punct_chars else 0,
         non_ascii - cjk,
         wide,
         (len(text.encode("utf-16-le", "surrogatepass")) // 2 - n) if non_ascii else 0,
