@@ -33,6 +33,8 @@ MAX_QUERY_TERMS = 32
 # FTS5 writes its pending terms out as a new segment (later merged) whenever they pass this many
 # bytes; SQLite's 1 MB default makes a 30 MB ingest build and merge ~60 segments (~20 % of its inserts)
 HASH_BYTES = 16 * 2**20
+# a bulk commit's settings (`SearchIndex.transaction`): no sync, no checkpoint inside the commit
+_BULK_SETTINGS = {"synchronous": 1, "wal_autocheckpoint": 0}  # 1 = NORMAL
 
 
 def identifier_parts(word: str) -> list[str]:
@@ -211,9 +213,9 @@ class SearchIndex:
         loss in the moment before the checkpoint could roll it back."""
         with self.lock:
             if bulk:  # the safety level can be set only outside a transaction
-                synchronous = self.db.execute("PRAGMA synchronous").fetchone()[0]
-                self.db.execute("PRAGMA synchronous = NORMAL")
-                self.db.execute("PRAGMA wal_autocheckpoint = 0")
+                before = {name: self.db.execute(f"PRAGMA {name}").fetchone()[0] for name in _BULK_SETTINGS}
+                for name, value in _BULK_SETTINGS.items():
+                    self.db.execute(f"PRAGMA {name} = {value}")
             try:
                 self.db.execute("BEGIN")
                 try:
@@ -225,8 +227,8 @@ class SearchIndex:
                     raise
             finally:
                 if bulk:
-                    self.db.execute(f"PRAGMA synchronous = {int(synchronous)}")
-                    self.db.execute("PRAGMA wal_autocheckpoint = 1000")  # SQLite's default
+                    for name, value in before.items():
+                        self.db.execute(f"PRAGMA {name} = {int(value)}")
         if bulk:
             self._checkpoint_soon()
 
