@@ -46,21 +46,26 @@ async def main(n: int, profile: bool, plugins: list[str]) -> None:
         upstream = gateway.upstreams["demo"]
         loop = asyncio.get_running_loop()
 
-        async def answer_at_once(data: bytes) -> None:  # the upstream's reply, as its reader would hand it over
+        def answer_at_once(data: bytes) -> bool:  # the upstream's pipe: its reply comes as its reader hands it over
             request = json.loads(data)
             if "id" in request:
                 text = request["params"]["arguments"]["text"]
                 reply = {"jsonrpc": "2.0", "id": request["id"], "result": {"content": [{"type": "text", "text": text}]}}
                 loop.call_soon(upstream.raw.intercept, json.loads(json.dumps(reply)))
+            return True
 
-        upstream.raw.attach(answer_at_once)
+        async def never(data: bytes) -> None:
+            raise AssertionError("the lean path waited on a pipe that was not behind")
+
+        upstream.raw.attach(never, answer_at_once)
         gateway.hosts["stdio"] = Host()
         answered = asyncio.Event()
 
-        async def to_host(data: bytes) -> None:
+        def to_host(data: bytes) -> bool:
             answered.set()
+            return True
 
-        take = gateway.lean.intercept(to_host)
+        take = gateway.lean.intercept(never, to_host)
 
         async def one(i: int) -> None:
             answered.clear()

@@ -14,8 +14,6 @@ from collections.abc import Awaitable, Callable
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-import anyio
-
 log = logging.getLogger("gateway.compat")
 
 WRITTEN_FOR_SDK = "2.3."
@@ -49,23 +47,19 @@ def write_pipe_protocol() -> Any:
     return asyncio.streams.FlowControlMixin
 
 
-def direct_send(stream: Any) -> Callable[[bytes], Awaitable[None]]:
-    """A child's stdin as a plain write-and-drain. anyio's asyncio wrapper yields to the loop after
-    every write (a checkpoint: one more turn of the loop per line, a tenth of a small call's cost on
-    the lean path); its asyncio StreamWriter is used when it has one, else the stream's own `send`."""
+def direct_sinks(stream: Any) -> tuple[Callable[[bytes], Awaitable[None]], Callable[[bytes], bool] | None]:
+    """A child's stdin as a plain write-and-drain, and as a write that never waits
+    (`stdio_lines.stream_sinks`). anyio's asyncio wrapper yields to the loop after every write (a
+    checkpoint: one more turn of the loop per line, a tenth of a small call's cost on the lean path);
+    its asyncio StreamWriter is used when it has one, else the stream's own `send` (and no write)."""
     import asyncio
+
+    from gateway.proxy.stdio_lines import stream_sinks
 
     writer = getattr(stream, "_stream", None)
     if not isinstance(writer, asyncio.StreamWriter):
-        return stream.send  # type: ignore[no-any-return]
-
-    async def send(data: bytes) -> None:
-        if writer.is_closing():
-            raise anyio.ClosedResourceError
-        writer.write(data)
-        await writer.drain()
-
-    return send
+        return stream.send, None
+    return stream_sinks(writer)
 
 
 def stream_reader(stream: Any) -> Any:

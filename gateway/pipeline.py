@@ -8,6 +8,7 @@ gateway keeps serving. `CTX_TRACE_PLUGINS=1` logs every hook call with its argum
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Sequence
@@ -99,6 +100,15 @@ def _short(value: Any, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + f"... ({len(text)} chars)"
 
 
+@functools.cache
+def _result_hook(kind: type[Plugin]) -> str:
+    """How a plugin class takes results: "now" (it has `on_tool_result_now`), "async" (only
+    `on_tool_result`), or "none" (neither: the base class's pass-through)."""
+    if kind.on_tool_result_now is not Plugin.on_tool_result_now:
+        return "now"
+    return "async" if kind.on_tool_result is not Plugin.on_tool_result else "none"
+
+
 class Pipeline:
     """Runs the hooks of every plugin in order. A failing hook is logged and skipped."""
 
@@ -151,23 +161,50 @@ class Pipeline:
         """Whether any plugin takes results whose long texts stay on disk (then upstreams spill them)."""
         return any(plugin.reads_spilled for plugin in self.plugins)
 
-    async def on_tool_result(self, call: ToolCall, result: types.CallToolResult) -> types.CallToolResult:
-        for plugin in self.plugins:
+    async def on_tool_result(
+        self, call: ToolCall, result: types.CallToolResult, start: int = 0
+    ) -> types.CallToolResult:
+        """Every plugin's `on_tool_result` in order (from the `start`-th on: the ones before it ran
+        in `on_tool_result_now`)."""
+        for plugin in self.plugins[start:]:
             if not plugin.reads_spilled and spill.pending():
                 result = await anyio.to_thread.run_sync(spill.restore, result)
             try:
                 result = await plugin.on_tool_result(call, result)
             except Exception:
                 log.exception("plugin %s failed in on_tool_result for %s; result passed on", plugin.name, call.name)
-            if self.tracing:
-                log.warning(
-                    "trace %s.on_tool_result(%s, %s) -> %s",
-                    plugin.name,
-                    call.name,
-                    _short(call.arguments),
-                    _short(result),
-                )
+            self._trace(plugin, call, result)
         return result
+
+    def on_tool_result_now(self, call: ToolCall, result: types.CallToolResult) -> tuple[types.CallToolResult, int]:
+        """The plugins that can decide without waiting, in order, up to the first that cannot (the lean
+        path runs this inside the loop's read callback, no task): the result so far, and the index of
+        that plugin (`len(plugins)` when all ran), from which `on_tool_result` goes on. A result whose
+        long texts are still on disk is left to `on_tool_result` whole."""
+        if spill.pending():
+            return result, 0
+        for index, plugin in enumerate(self.plugins):
+            way = _result_hook(type(plugin))
+            if way == "none":
+                continue
+            if way == "async":
+                return result, index
+            try:
+                decided = plugin.on_tool_result_now(call, result)
+            except Exception:
+                log.exception("plugin %s failed in on_tool_result for %s; result passed on", plugin.name, call.name)
+                decided = result
+            if decided is None:
+                return result, index
+            result = decided
+            self._trace(plugin, call, result)
+        return result, len(self.plugins)
+
+    def _trace(self, plugin: Plugin, call: ToolCall, result: types.CallToolResult) -> None:
+        if self.tracing:
+            log.warning(
+                "trace %s.on_tool_result(%s, %s) -> %s", plugin.name, call.name, _short(call.arguments), _short(result)
+            )
 
     def status(self, session_id: str) -> dict[str, Any]:
         out: dict[str, Any] = {}

@@ -154,6 +154,15 @@ class Plugin:
         """A result (upstream or gateway-owned) about to go to the host; return it (replaced or not)."""
         return result
 
+    def on_tool_result_now(self, call: ToolCall, result: types.CallToolResult) -> types.CallToolResult | None:
+        """`on_tool_result` without waiting, for a plugin that can usually decide at once: return the
+        result (replaced or not), or None to have `on_tool_result` awaited instead. The lean path calls
+        it inside the event loop's read callback, where there is no task: it must not need one (no
+        awaiting, no anyio cancel scopes or thread calls). Every other path awaits `on_tool_result`
+        as before, so the two must agree (`on_tool_result` can start by calling this one). A plugin
+        that defines neither hook is skipped."""
+        return None
+
     def status(self, session_id: str) -> dict[str, Any]:
         """A few figures for `context_status` and `inspect`."""
         return {}

@@ -249,3 +249,17 @@ async def test_a_large_result_holding_a_lone_surrogate_is_offloaded(tmp_path: Pa
     assert len(text) < 4096 and "fileRef" in text
     saved = Path(json.loads(text)["fileRef"]["path"]).read_text(encoding="utf-8", errors="surrogateescape")
     assert saved.startswith("arow row") and saved.endswith("b") and len(saved) > 200_000
+
+
+async def test_an_upstreams_progress_keeps_a_lean_call_alive_past_its_timeout(tmp_path: Path) -> None:
+    """The host asked for no progress, so the call takes the lean path; the gateway still asks the
+    upstream for it, and each report moves the call's clock on."""
+    async with raw_host(tmp_path, {"p": probe("p", env=WIRE, timeout_seconds=0.6)}) as host:
+        # 6 steps x 0.3 s = 1.8 s, three times the timeout
+        done = await host.call("p__progress", {"steps": 6, "delay": 0.3})
+        slow = await host.call("p__slow", {"seconds": 30})
+        ids = await host.call("p__request_id", {})
+    assert done["result"]["content"][0]["text"] == "done after 6 steps"
+    assert not [m for m in host.seen if m.get("method") == "notifications/progress"]  # none was asked for
+    assert slow["result"]["isError"] and "within 1 s" in slow["result"]["content"][0]["text"]
+    assert ids["result"]["content"][0]["text"].startswith("str:gw-")  # the lean path it was

@@ -9,12 +9,21 @@ import anyio
 from mcp.shared.message import SessionMessage
 
 import gateway.compat as compat
-from gateway.proxy.stdio_lines import READ_CHUNK, Intercept, Send, line_tap, pump_lines, pump_writes
+from gateway.proxy.stdio_lines import (
+    READ_CHUNK,
+    Intercept,
+    Send,
+    Write,
+    line_tap,
+    pump_lines,
+    pump_writes,
+    stream_sinks,
+)
 
 
 @asynccontextmanager
 async def pipe_stdio_server(
-    lean: Callable[[Send], Intercept] | None = None,
+    lean: Callable[[Send, Write], Intercept] | None = None,
     worth: Callable[[bytes], bool] = lambda line: True,
 ) -> AsyncIterator[tuple[anyio.abc.ObjectReceiveStream, anyio.abc.ObjectSendStream]]:
     """The host side of stdio without a thread per message (POSIX pipes, asyncio).
@@ -44,21 +53,14 @@ async def pipe_stdio_server(
     os.dup2(2, 1)
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=READ_CHUNK)
-    writer: asyncio.StreamWriter | None = None
-
-    async def send(data: bytes) -> None:
-        assert writer is not None  # connected before anything is read
-        writer.write(data)
-        await writer.drain()
-
-    intercept: Intercept | None = None
-    if lean is not None:  # the lean path's calls are taken as they arrive, before the pump's task wakes
-        intercept = lean(send)
-        reader.feed_data = line_tap(reader.feed_data, intercept, worth)  # type: ignore[method-assign]
     write_transport, write_protocol = await loop.connect_write_pipe(
         compat.write_pipe_protocol(), os.fdopen(out_fd, "wb", buffering=0)
     )
-    writer = asyncio.StreamWriter(write_transport, write_protocol, None, loop)
+    send, write = stream_sinks(asyncio.StreamWriter(write_transport, write_protocol, None, loop))
+    intercept: Intercept | None = None
+    if lean is not None:  # the lean path's calls are taken as they arrive, before the pump's task wakes
+        intercept = lean(send, write)
+        reader.feed_data = line_tap(reader.feed_data, intercept, worth)  # type: ignore[method-assign]
     read_transport, _ = await loop.connect_read_pipe(
         lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(in_fd, "rb", buffering=0)
     )

@@ -144,7 +144,7 @@ class Gateway:
         self._listed: tuple[Any, ...] = ()
         self.server = self._build_server()
         # plain tools/call from a stdio host, below the SDK's server (proxy/lean.py)
-        self.lean = LeanFront(lambda: self.hosts.get("stdio"), self._run_call)
+        self.lean = LeanFront(lambda: self.hosts.get("stdio"), self._run_call, self._start_lean, self._finish_now)
 
     def _new_upstream(self, name: str, cfg: ServerConfig) -> Upstream:
         return Upstream(
@@ -497,10 +497,23 @@ class Gateway:
             raise MCPError(types.INVALID_PARAMS, f"{params.name}: {problem}")
         return await self._next(exchange, exchange.call)
 
-    async def _finish(self, call: ToolCall, result: types.CallToolResult) -> Any:
-        """The pipeline (offload, monitor), the usage figures, and long texts restored from disk."""
+    def _finish_now(self, call: ToolCall, result: types.CallToolResult) -> Any:
+        """`_finish` without waiting, for the lean path: the reply, when every plugin decided at once;
+        else `_finish` for the rest of them, to be awaited."""
+        reply, stopped = self.pipeline.on_tool_result_now(call, result)
+        if stopped < len(self.pipeline.plugins) or spill.pending():
+            return self._finish(call, result, reply, stopped)
+        # after the answer is written, off the caller's wait
+        asyncio.get_running_loop().call_soon(self._record_call, call, result, reply)
+        return reply
+
+    async def _finish(
+        self, call: ToolCall, result: types.CallToolResult, partial: types.CallToolResult | None = None, start: int = 0
+    ) -> Any:
+        """The pipeline (offload, monitor), the usage figures, and long texts restored from disk.
+        `partial`: the result after the plugins before the `start`-th ran (`_finish_now`)."""
         try:
-            reply = await self.pipeline.on_tool_result(call, result)
+            reply = await self.pipeline.on_tool_result(call, result if partial is None else partial, start)
             if spill.pending():
                 self._record_call(call, result, reply)
             else:  # after the answer is written (the next turn of the loop), off the caller's wait
@@ -510,6 +523,19 @@ class Gateway:
         finally:
             if spill.pending():  # the spilled files of this call are settled: remove them
                 spill.release(result)
+
+    def _start_lean(self, call: ToolCall, done: Callable[[types.CallToolResult], Any]) -> Callable[[], None] | None:
+        """`call` without waiting, for the lean path: routed and written to its upstream at once
+        (`Upstream.start_lean`); None when `call` must decide: an own tool, a tool not served as
+        listed, an upstream still starting, arguments it refuses."""
+        route = None if call.name in self.local_tools else self.routing.tool_routes.get(call.name)
+        if route is None or (self.routing.frozen and call.name in self.routing.changed):
+            return None
+        upstream = self.routing.upstream_for(route)
+        if not upstream.ready.is_set() or unencodable(call.arguments) is not None:
+            return None
+        call.server, call.tool = route.server, route.name
+        return upstream.start_lean(route.name, call.arguments, call.meta, done, (call.host_session, call.request_id))
 
     async def call(self, call: ToolCall) -> types.CallToolResult:
         """Run a tool by its host-facing name (own tool or upstream); fills in `call.server`/`call.tool`."""

@@ -8,6 +8,7 @@ once, and feed the same `(read, write)` memory-stream pair the SDK uses, so `Cli
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -28,6 +29,8 @@ READ_CHUNK = 1 << 20
 
 
 Send = Callable[[bytes], Awaitable[Any]]  # a byte sink: writes one whole line
+Write = Callable[[bytes], bool]  # the same sink without waiting: False (nothing written) when the peer is behind
+WRITE_BEHIND = 1 << 20  # bytes waiting in a pipe's buffer past which `Write` declines (a `Send` waits instead)
 Intercept = Callable[[Any], bool]  # takes a decoded JSON-RPC message off the line before the SDK parses it
 
 
@@ -141,6 +144,28 @@ def line_tap(
             feed(data[begin:] if begin else data)
 
     return tap
+
+
+def stream_sinks(writer: asyncio.StreamWriter) -> tuple[Send, Write]:
+    """Both sinks of one asyncio pipe writer: `send` waits while the peer is behind (flow control),
+    `write` is for callers that cannot wait (the lean path answers inside the loop's read callback)
+    and declines instead. Both raise ClosedResourceError once the pipe is closing."""
+
+    async def send(data: bytes) -> None:
+        if writer.is_closing():
+            raise anyio.ClosedResourceError
+        writer.write(data)
+        await writer.drain()
+
+    def write(data: bytes) -> bool:
+        if writer.is_closing():
+            raise anyio.ClosedResourceError
+        if writer.transport.get_write_buffer_size() > WRITE_BEHIND:
+            return False
+        writer.write(data)
+        return True
+
+    return send, write
 
 
 def json_line(message: dict[str, Any]) -> bytes:

@@ -6,6 +6,8 @@ session and exits them itself (SDK pitfall 1). Other tasks only send requests.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -25,7 +27,7 @@ from pydantic import ValidationError
 
 import gateway.compat as compat
 from gateway.progress import ProgressReporter, no_progress
-from gateway.proxy.lean import Deadline, RawRequests, parse_result
+from gateway.proxy.lean import Clock, Outcome, RawRequests, parse_result
 from gateway.proxy.upstream_http import SpoolingTransport
 from gateway.proxy.upstream_stdio import linear_stdio_client
 from gateway.results import error_result
@@ -53,7 +55,7 @@ class ConnectionLost(Exception):
 class _InFlight:
     host_session: Any
     request_id: Any
-    scope: anyio.CancelScope | Deadline  # the call's clock; both move by `deadline`
+    scope: anyio.CancelScope | Clock  # the call's clock; both move by `deadline`
     timeout: float
     exchange: Any = None  # a 2026 host: its questions go out as `input_required` (proxy/exchanges.py)
 
@@ -362,22 +364,98 @@ class Upstream:
         lean: bool = False,
     ) -> types.CallToolResult:
         """Forward a call; every failure comes back as an `isError` result naming this server. `lean`:
-        written beside the SDK's session on a stdio upstream (`proxy/lean.py`), for a caller that
-        relays no progress."""
+        written beside the SDK's session on a stdio upstream (`start_lean`), for a caller that relays
+        no progress."""
         session = self.session
         if session is None or self.state != "ok":
             return error_result(self.unavailable())
         timeout = timeout or self.config.timeout_seconds
-        lean = lean and self.raw.ready
-        clock = Deadline(timeout) if lean else anyio.CancelScope(deadline=anyio.current_time() + timeout)
-        flight = _InFlight(host[0], host[1], clock, timeout, exchange)
+        if lean:
+            answer: asyncio.Future[types.CallToolResult] = asyncio.get_running_loop().create_future()
+            cancel = self.start_lean(
+                tool, arguments, meta, lambda r: answer.done() or answer.set_result(r), host, timeout
+            )
+            if cancel is not None:
+                try:
+                    return await answer
+                finally:
+                    if not answer.done():  # the caller gave up: the upstream hears a cancel
+                        cancel()
+        scope = anyio.CancelScope(deadline=anyio.current_time() + timeout)
+        flight = _InFlight(host[0], host[1], scope, timeout, exchange)
         self._in_flight.append(flight)
         try:
-            if isinstance(clock, Deadline):
-                return await self._forward_lean(session, tool, arguments, meta, clock, timeout)
-            return await self._forward(session, tool, arguments, meta, progress, clock, timeout)
+            return await self._forward(session, tool, arguments, meta, progress, scope, timeout)
         finally:
             self._in_flight.remove(flight)
+
+    def start_lean(
+        self,
+        tool: str,
+        arguments: dict[str, Any] | None,
+        meta: dict[str, Any] | None,
+        done: Callable[[types.CallToolResult], Any],
+        host: tuple[Any, Any] = (None, None),
+        timeout: float | None = None,
+    ) -> Callable[[], None] | None:
+        """`call_tool` on the lean path without waiting (`proxy/lean.py`): the request is written now
+        and `done` gets the result once, as `call_tool` would return it (from the read callback that
+        brought the reply, or the clock's timer); the caller relays no progress, but progress still
+        resets the clock. Returns how to give the call up (the upstream hears a cancel and `done` is
+        never called), or None when it cannot start without waiting: then use `call_tool`."""
+        session = self.session
+        if session is None or self.state != "ok" or not self.raw.ready:
+            return None
+        timeout = timeout or self.config.timeout_seconds
+        rid: str | None = None
+
+        def settle(outcome: Outcome | None) -> None:  # None: the clock ran out
+            clock.stop()
+            with contextlib.suppress(ValueError):
+                self._in_flight.remove(flight)
+            done(self._lean_result(session, tool, outcome, timeout))
+
+        def expired() -> None:
+            if rid is not None:
+                self.raw.cancel(rid, "timed out")
+            settle(None)
+
+        def progressed() -> None:
+            clock.deadline = asyncio.get_running_loop().time() + timeout
+
+        def cancel() -> None:
+            if clock.running:
+                clock.stop()
+                with contextlib.suppress(ValueError):
+                    self._in_flight.remove(flight)
+                if rid is not None:
+                    self.raw.cancel(rid)
+
+        params: dict[str, Any] = {"name": tool}
+        if arguments is not None:
+            params["arguments"] = arguments
+        if meta:
+            params["_meta"] = meta
+        clock = Clock(timeout, expired)
+        flight = _InFlight(host[0], host[1], clock, timeout)
+        rid = self.raw.start("tools/call", params, settle, progressed)
+        if rid is None:
+            clock.stop()
+            return None
+        self._in_flight.append(flight)
+        return cancel
+
+    def _lean_result(
+        self, session: ClientSession, tool: str, outcome: Outcome | None, timeout: float
+    ) -> types.CallToolResult:
+        if outcome is None:
+            return self._timed_out(tool, timeout)
+        if isinstance(outcome, types.ErrorData):
+            return error_result(self._call_failed(tool, MCPError(outcome.code, outcome.message, outcome.data)))
+        try:
+            return parse_result(session.protocol_version or "2025-11-25", outcome)
+        except ValidationError as exc:
+            return self._malformed(tool, exc)
 
     async def _forward(
         self,
@@ -406,37 +484,6 @@ class Upstream:
             except ValidationError as exc:
                 return self._malformed(tool, exc)
         return self._timed_out(tool, timeout)
-
-    async def _forward_lean(
-        self,
-        session: ClientSession,
-        tool: str,
-        arguments: dict[str, Any] | None,
-        meta: dict[str, Any] | None,
-        clock: Deadline,
-        timeout: float,
-    ) -> types.CallToolResult:
-        """The same request as one JSON line beside the SDK's session (`proxy/lean.py`): the same
-        errors and clock; the caller relays no progress, but progress still resets the clock."""
-
-        def progressed() -> None:
-            clock.deadline = anyio.current_time() + timeout
-
-        params: dict[str, Any] = {"name": tool}
-        if arguments is not None:
-            params["arguments"] = arguments
-        if meta:
-            params["_meta"] = meta
-        try:
-            async with clock.timeout:
-                raw = await self.raw.request("tools/call", params, progressed)
-            return parse_result(session.protocol_version or "2025-11-25", raw)
-        except TimeoutError:
-            return self._timed_out(tool, timeout)
-        except MCPError as exc:
-            return error_result(self._call_failed(tool, exc))
-        except ValidationError as exc:
-            return self._malformed(tool, exc)
 
     def _malformed(self, tool: str, exc: ValidationError) -> types.CallToolResult:
         return error_result(

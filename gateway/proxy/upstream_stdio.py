@@ -70,7 +70,7 @@ async def linear_stdio_client(
     process = await _spawn(command, args, get_default_environment() | (env or {}), cwd or None, errlog)
     read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](16)
     write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](16)
-    send = compat.direct_send(process.stdin)
+    send, write = compat.direct_sinks(process.stdin)
 
     async def reader() -> None:
         assert process.stdout is not None
@@ -95,7 +95,7 @@ async def linear_stdio_client(
             await read_send.aclose()
 
     if raw is not None:
-        raw.attach(send)
+        raw.attach(send, write)
         if (stdout := compat.stream_reader(process.stdout)) is not None:  # its replies taken as they arrive
             stdout.feed_data = line_tap(stdout.feed_data, raw.intercept, raw.worth)
     async with anyio.create_task_group() as tg:

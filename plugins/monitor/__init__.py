@@ -75,6 +75,9 @@ class MonitorPlugin(Plugin):
         return tools
 
     async def on_tool_result(self, call: ToolCall, result: types.CallToolResult) -> types.CallToolResult:
+        return self.on_tool_result_now(call, result)
+
+    def on_tool_result_now(self, call: ToolCall, result: types.CallToolResult) -> types.CallToolResult:
         try:
             ledger = self._ledger(call.session_id)
             ledger.calls += 1

@@ -115,18 +115,30 @@ class OffloadPlugin(Plugin):
             for t in tools
         ]
 
-    async def on_tool_result(self, call: ToolCall, result: types.CallToolResult) -> types.CallToolResult:
+    def _limits(self, call: ToolCall, result: types.CallToolResult) -> tuple[int, int] | None:
+        """(max size, max tokens) when `result` is to be offloaded, else None: it goes out as it is."""
         if call.server is None:
-            return result
+            return None
         policy = self._policy(call.server, call.tool)
         if policy == "never":
-            return result
+            return None
         window = self._ctx().window
         max_size = window.max_response_size(call.server)
         max_tokens = window.max_response_tokens(call.server, call.session_id)
         cost = call.cost_of(result)
         if policy == "auto" and cost.size <= max_size and cost.tokens <= max_tokens:
+            return None
+        return max_size, max_tokens
+
+    def on_tool_result_now(self, call: ToolCall, result: types.CallToolResult) -> types.CallToolResult | None:
+        return result if self._limits(call, result) is None else None  # writing the file waits
+
+    async def on_tool_result(self, call: ToolCall, result: types.CallToolResult) -> types.CallToolResult:
+        limits = self._limits(call, result)
+        if limits is None:
             return result
+        max_size, max_tokens = limits
+        cost = call.cost_of(result)
         responses = self._ctx().responses_for(call.namespace)
         written: list[Path] = []
         try:

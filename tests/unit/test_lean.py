@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import math
 from typing import Any
 
 import anyio
 import mcp_types as types
 import pytest
-from mcp import MCPError
 
-from gateway.proxy.lean import CLOSED, LeanFront, RawRequests, _plain_call, parse_result, wire_result
+from gateway.proxy.lean import CLOSED, Clock, LeanFront, RawRequests, _plain_call, parse_result, wire_result
 from gateway.proxy.stdio_lines import json_line as line
 
 
@@ -35,7 +36,7 @@ def test_only_plain_calls_are_taken() -> None:
 def test_a_call_without_an_id_is_left_to_the_sdk() -> None:
     """A `tools/call` sent as a notification (no id) is not taken, and taking it does not raise (the
     host's reader would stop)."""
-    take = LeanFront(lambda: object(), None).intercept(None)  # type: ignore[arg-type]
+    take = LeanFront(lambda: object(), None, None, None).intercept(None, None)  # type: ignore[arg-type]
     assert take({"jsonrpc": "2.0", "method": "tools/call", "params": {"name": "a__b"}}) is False
     assert take({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": "x"}) is False
 
@@ -48,74 +49,106 @@ def test_a_line_is_compact_utf8_json() -> None:
     assert lone.decode("utf-8") and json.loads(lone) == {"text": "a\ud800b"}
 
 
-def _recorded() -> tuple[RawRequests, list[dict], Any]:
-    """Raw requests whose lines are kept, decoded, in the list."""
+def _recorded(behind: list[bool] | None = None) -> tuple[RawRequests, list[dict], list[dict]]:
+    """Raw requests whose lines are kept, decoded: written at once, or sent once the peer caught up
+    (while `behind[0]` is true the writer declines, as a full pipe's does)."""
     written: list[dict] = []
-    raw = RawRequests()
+    sent: list[dict] = []
 
     async def send(data: bytes) -> None:
+        sent.append(json.loads(data))
+
+    def write(data: bytes) -> bool:
+        if behind and behind[0]:
+            return False
         written.append(json.loads(data))
+        return True
 
-    raw.attach(send)
-    return raw, written, send
+    raw = RawRequests()
+    raw.attach(send, write)
+    return raw, written, sent
 
 
-@pytest.mark.anyio
-async def test_raw_requests_match_replies_progress_and_errors() -> None:
+def test_raw_requests_match_replies_progress_and_errors() -> None:
     raw, written, _ = _recorded()
     progressed: list[int] = []
     results: dict[str, object] = {}
-
-    async def ask(key: str) -> None:
-        try:
-            results[key] = await raw.request("tools/call", {"name": key}, lambda: progressed.append(1))
-        except MCPError as exc:
-            results[key] = exc.error.code
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(ask, "ok")
-        tg.start_soon(ask, "bad")
-        with anyio.fail_after(5):
-            while len(written) < 2:
-                await anyio.sleep(0)
-        ids = {w["params"]["name"]: w["id"] for w in written}
-        assert all(isinstance(i, str) and i.startswith("gw-") for i in ids.values())
-        assert written[0]["params"]["_meta"]["progressToken"] == written[0]["id"]
-        progress = {"progressToken": ids["ok"], "progress": 1}
-        assert raw.intercept({"jsonrpc": "2.0", "method": "notifications/progress", "params": progress})
-        assert not raw.intercept({"jsonrpc": "2.0", "id": 5, "result": {}})  # the SDK's own request: not ours
-        assert raw.intercept({"jsonrpc": "2.0", "id": ids["ok"], "result": {"content": []}})
-        assert raw.intercept({"jsonrpc": "2.0", "id": ids["bad"], "error": {"code": -32602, "message": "no"}})
-    assert results == {"ok": {"content": []}, "bad": -32602} and progressed == [1]
-    assert not raw.intercept({"jsonrpc": "2.0", "id": ids["ok"], "result": {}})  # nothing pending: not taken
+    ok = raw.start("tools/call", {"name": "ok"}, lambda o: results.__setitem__("ok", o), lambda: progressed.append(1))
+    bad = raw.start("tools/call", {"name": "bad"}, lambda o: results.__setitem__("bad", o))
+    assert [w["id"] for w in written] == [ok, bad] and all(i.startswith("gw-") for i in (ok, bad))  # type: ignore[union-attr]
+    assert written[0]["params"]["_meta"]["progressToken"] == ok and "_meta" not in written[1]["params"]
+    assert raw.intercept(
+        {"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progressToken": ok, "progress": 1}}
+    )
+    assert not raw.intercept({"jsonrpc": "2.0", "id": 5, "result": {}})  # the SDK's own request: not ours
+    assert raw.intercept({"jsonrpc": "2.0", "id": ok, "result": {"content": []}})
+    assert raw.intercept({"jsonrpc": "2.0", "id": bad, "error": {"code": -32602, "message": "no"}})
+    assert results["ok"] == {"content": []} and progressed == [1]
+    assert isinstance(results["bad"], types.ErrorData) and results["bad"].code == -32602
+    assert not raw.intercept({"jsonrpc": "2.0", "id": ok, "result": {}})  # nothing pending: not taken
 
 
 @pytest.mark.anyio
 async def test_a_closed_connection_fails_waiting_requests_and_cancel_is_sent() -> None:
-    raw, written, send = _recorded()
-    outcome: dict[str, object] = {}
+    behind = [False]
+    raw, written, sent = _recorded(behind)
+    outcomes: list[object] = []
+    assert raw.start("tools/call", {"name": "t"}, outcomes.append) is not None
+    raw.detach()
+    assert outcomes == [CLOSED] and not raw.ready
+    assert raw.start("tools/call", {"name": "t"}, outcomes.append) is None  # detached: nothing can be sent
 
-    async def ask() -> None:
-        try:
-            await raw.request("tools/call", {"name": "t"})
-        except MCPError as exc:
-            outcome["code"] = exc.error.code
+    raw, written, sent = _recorded(behind)
+    rid = raw.start("tools/call", {"name": "slow"}, outcomes.append)
+    assert rid is not None
+    raw.cancel(rid)  # the caller gives up: the upstream hears a cancel for that id, and no outcome comes
+    assert written[-1]["method"] == "notifications/cancelled" and written[-1]["params"]["requestId"] == rid
+    raw.intercept({"jsonrpc": "2.0", "id": rid, "result": {}})  # a late reply: dropped
+    assert outcomes == [CLOSED]
+    rid = raw.start("tools/call", {"name": "slow"}, outcomes.append)
+    behind[0] = True  # a peer that is behind: no new request is written, a cancel waits its turn
+    assert raw.start("tools/call", {"name": "later"}, outcomes.append) is None
+    raw.cancel(rid)  # type: ignore[arg-type]
+    with anyio.fail_after(5):
+        while not sent:
+            await anyio.sleep(0)
+    assert sent == [
+        {
+            "jsonrpc": "2.0",
+            "method": "notifications/cancelled",
+            "params": {"requestId": rid, "reason": "caller cancelled"},
+        }
+    ]
+    assert outcomes == [CLOSED]
 
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(ask)
-        with anyio.fail_after(5):
-            while not written:
-                await anyio.sleep(0)
-        raw.detach()
-    assert outcome["code"] == CLOSED.code
-    with pytest.raises(MCPError):  # detached: nothing can be sent
-        await raw.request("tools/call", {"name": "t"})
 
-    raw.attach(send)
-    with anyio.move_on_after(0.05):  # the caller gives up: the upstream hears a cancel for that id
-        await raw.request("tools/call", {"name": "slow"})
-    assert written[-1]["method"] == "notifications/cancelled"
-    assert written[-1]["params"]["requestId"] == written[-2]["id"]
+@pytest.mark.anyio
+async def test_the_clock_fires_once_moves_later_and_pauses() -> None:
+    loop = asyncio.get_running_loop()
+    fired: list[float] = []
+    clock = Clock(0.05, lambda: fired.append(loop.time()))
+    began = loop.time()
+    clock.deadline = loop.time() + 0.15  # progress: later
+    with anyio.fail_after(5):
+        while not fired:
+            await anyio.sleep(0.01)
+    assert fired[0] - began >= 0.15 and not clock.running
+    clock.deadline = loop.time()  # a stopped clock never fires again
+    await anyio.sleep(0.05)
+    assert len(fired) == 1
+
+    paused = Clock(0.02, lambda: fired.append(-1))
+    paused.deadline = math.inf  # an upstream's question to the user: the clock waits
+    await anyio.sleep(0.06)
+    assert len(fired) == 1 and paused.running
+    paused.deadline = loop.time() + 0.01  # answered: it runs again
+    with anyio.fail_after(5):
+        while len(fired) < 2:
+            await anyio.sleep(0.01)
+    stopped = Clock(0.01, lambda: fired.append(-2))
+    stopped.stop()
+    await anyio.sleep(0.05)
+    assert fired[1:] == [-1]
 
 
 def test_results_are_read_and_written_as_the_sdk_does() -> None:
@@ -176,3 +209,92 @@ def test_plain_text_results_take_a_shortcut_to_the_same_bytes(version: str, raw:
             parse_result(version, raw)
         return
     assert line({"result": wire_result(version, parse_result(version, raw))}) == expected
+
+
+class _Host:
+    protocol_version = "2025-11-25"
+
+
+def _front(finish: Any, start_now: bool = True) -> tuple[LeanFront, dict[str, Any]]:
+    """A lean front whose upstream is a dict: `started` holds each call's `done`, `cancelled` the calls
+    given up; with `start_now` off every call goes the waiting way (`run`)."""
+    seen: dict[str, Any] = {"started": {}, "cancelled": [], "ran": []}
+
+    def start(call: Any, done: Any) -> Any:
+        if not start_now:
+            return None
+        seen["started"][call.arguments["n"]] = done
+        return lambda: seen["cancelled"].append(call.arguments["n"])
+
+    async def run(call: Any) -> types.CallToolResult:
+        seen["ran"].append(call.arguments["n"])
+        return types.CallToolResult(content=[types.TextContent(text=f"ran {call.arguments['n']}")])
+
+    return LeanFront(lambda: _Host(), run, start, finish), seen
+
+
+def _request(rid: int) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": {"name": "a__b", "arguments": {"n": rid}}}
+
+
+def _text(n: int) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(text=f"result {n}")])
+
+
+@pytest.mark.anyio
+async def test_the_front_answers_in_the_callback_waits_only_when_it_must_and_never_answers_a_cancel() -> None:
+    async def later(result: types.CallToolResult) -> types.CallToolResult:
+        await anyio.sleep(0)
+        return _text(99)
+
+    def finish(call: Any, result: types.CallToolResult) -> Any:
+        return later(result) if call.arguments["n"] == 2 else result
+
+    front, seen = _front(finish)
+    written: list[dict] = []
+    sent: list[dict] = []
+    behind = [False]
+
+    def write(data: bytes) -> bool:
+        if behind[0]:
+            return False
+        written.append(json.loads(data))
+        return True
+
+    async def send(data: bytes) -> None:
+        sent.append(json.loads(data))
+
+    take = front.intercept(send, write)
+    assert all(take(_request(n)) for n in (1, 2, 3, 4))
+    assert not take(_request(1))  # an id already in flight: the SDK answers that one
+    seen["started"][1](_text(1))  # answered inside the callback: written at once
+    assert written == [
+        {"jsonrpc": "2.0", "id": 1, "result": {"content": [{"text": "result 1", "type": "text"}], "isError": False}}
+    ]
+    seen["started"][2](_text(2))  # a plugin must wait: answered from a task
+    assert take({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 3}})
+    assert seen["cancelled"] == [3]
+    seen["started"][3](_text(3))  # a reply after the cancel: never answered
+    behind[0] = True
+    seen["started"][4](_text(4))  # the host is behind: the answer waits its turn
+    with anyio.fail_after(5):
+        while len(sent) < 2:
+            await anyio.sleep(0)
+    assert sorted((m["id"], m["result"]["content"][0]["text"]) for m in sent) == [(2, "result 99"), (4, "result 4")]
+    assert len(written) == 1 and not front._flights
+
+
+@pytest.mark.anyio
+async def test_a_call_that_cannot_start_at_once_runs_the_waiting_way() -> None:
+    front, seen = _front(lambda call, result: result, start_now=False)
+    sent: list[dict] = []
+
+    async def send(data: bytes) -> None:
+        sent.append(json.loads(data))
+
+    take = front.intercept(send, lambda data: True)
+    assert take(_request(5))
+    with anyio.fail_after(5):
+        while not sent:
+            await anyio.sleep(0)
+    assert seen["ran"] == [5] and sent[0]["id"] == 5 and sent[0]["result"]["content"][0]["text"] == "ran 5"

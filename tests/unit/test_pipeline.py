@@ -95,3 +95,38 @@ def test_two_plugins_with_one_tool_name_are_refused() -> None:
 
     with pytest.raises(PluginError, match="two plugins define the tool 'same'"):
         Pipeline([A(), A()]).tools()
+
+
+class Now(Tag):
+    """Decides at once unless told to wait; `on_tool_result` is its waiting way."""
+
+    def __init__(self, name: str, wait: bool = False, fail: str = "") -> None:
+        super().__init__(name, fail)
+        self.wait = wait
+
+    def on_tool_result_now(self, call: ToolCall, result: types.CallToolResult) -> types.CallToolResult | None:
+        if self.fail == "now":
+            raise ValueError("now broke")
+        if self.wait:
+            return None
+        return types.CallToolResult(content=[types.TextContent(text=result_text(result) + self.name.upper())])
+
+
+class Quiet(Plugin):
+    name = "quiet"  # neither hook: skipped
+
+
+async def test_plugins_that_decide_at_once_run_without_waiting_up_to_one_that_must_wait() -> None:
+    empty = types.CallToolResult(content=[types.TextContent(text="")])
+    pipeline = Pipeline([Now("a"), Quiet(), Now("bad", fail="now"), Now("w", wait=True), Tag("t"), Now("b")])
+    partial, stopped = pipeline.on_tool_result_now(ToolCall("t", {}), empty)
+    assert result_text(partial) == "A" and stopped == 3  # a ran, quiet skipped, bad passed on, w must wait
+    # the rest goes on from the one that waited: its own `on_tool_result`, then the others'
+    final = await pipeline.on_tool_result(ToolCall("t", {}), partial, stopped)
+    assert result_text(final) == "Awtb"
+
+    at_once, stopped = Pipeline([Now("a"), Quiet(), Now("b")]).on_tool_result_now(ToolCall("t", {}), empty)
+    assert result_text(at_once) == "AB" and stopped == 3
+    # a plugin with only the waiting hook stops the pipeline before it runs
+    _, stopped = Pipeline([Tag("t"), Now("a")]).on_tool_result_now(ToolCall("t", {}), empty)
+    assert stopped == 0
