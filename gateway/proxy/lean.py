@@ -252,6 +252,7 @@ PLAIN_PARAMS = frozenset(("name", "arguments", "_meta"))
 Run = Callable[[ToolCall], Awaitable[types.CallToolResult]]
 Done = Callable[[types.CallToolResult], None]
 Start = Callable[[ToolCall, Done], Callable[[], None] | None]
+Record = Callable[[ToolCall, types.CallToolResult, types.CallToolResult], None]  # the usage figures of a call
 Finish = Callable[[ToolCall, types.CallToolResult], types.CallToolResult | Coroutine[Any, Any, types.CallToolResult]]
 
 
@@ -278,18 +279,20 @@ class LeanFront:
 
     The common call never waits in a task: inside the read callback that brought the host's line,
     `start` routes it and writes it to its upstream; inside the one that brings the upstream's reply,
-    `finish` runs the plugins that decide at once and the answer is written to the host. Each turn
+    `finish` runs the plugins that decide at once, the answer is written to the host and then
+    `record` takes the usage figures (work done while the other side reads, not a turn later). Each turn
     of the event loop and each task costs a small call as much as its parsing does, twice over on a
     busy 2-core machine (measured: 1.40x direct before, 1.2-1.3x after). Whatever must wait (an own
     tool, an upstream still starting, a plugin writing a file, a host that is behind) goes on in a
     task, where `run` is the gateway's whole call.
     """
 
-    def __init__(self, host: Callable[[], Any], run: Run, start: Start, finish: Finish):
+    def __init__(self, host: Callable[[], Any], run: Run, start: Start, finish: Finish, record: Record):
         self.host = host
         self.run = run
         self.start = start
         self.finish = finish
+        self.record = record
         # how to stop each call in flight: a task's cancel (plain asyncio tasks: an anyio task group's
         # start_soon costs ~40 us a task here), or the upstream request's own
         self._flights: dict[str | int, Callable[[], Any]] = {}
@@ -350,7 +353,6 @@ class LeanFront:
         )
 
     def _begin(self, rid: str | int, call: ToolCall, session: Any, send: Send, write: Write) -> None:
-        loop = asyncio.get_running_loop()
         try:
             cancel = self.start(call, lambda result: self._answer(rid, call, session, send, write, result))
         except Exception:  # the task's path answers it (and logs what failed there)
@@ -358,10 +360,10 @@ class LeanFront:
             cancel = None
         if cancel is None:
             self._flights[rid] = self._spawn(self._serve(rid, call, session, send)).cancel
-        else:
-            self._flights[rid] = cancel
-        # runs once the request is written: free time for the caller
-        loop.call_soon(call.argument_tokens)
+            asyncio.get_running_loop().call_soon(call.argument_tokens)  # once the task waits for the upstream
+            return
+        self._flights[rid] = cancel
+        call.argument_tokens()  # the request is written: the upstream works meanwhile
 
     def _answer(self, rid: str | int, call: ToolCall, session: Any, send: Send, write: Write, result: Any) -> None:
         """The upstream's result, in the read callback that brought it: through the plugins and back
@@ -371,6 +373,7 @@ class LeanFront:
         try:
             reply = self.finish(call, result)
         except Exception as exc:  # a bug: answered as the SDK answers a handler that raised
+            reply = None
             data = line(_failed(rid, call.name, exc))
         else:
             if not isinstance(reply, types.CallToolResult):  # the rest of the plugins, awaited
@@ -378,12 +381,12 @@ class LeanFront:
                 return
             data = line(_message(rid, session, reply))
         try:
-            if write(data):
-                return
+            if not write(data):
+                self._spawn(_deliver(rid, send, data))  # the host is behind: wait for it
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             log.debug("dropped the answer to %r: the host is gone", rid)
-            return
-        self._spawn(_deliver(rid, send, data))  # the host is behind: wait for it
+        if isinstance(reply, types.CallToolResult):  # answered: the host reads it meanwhile
+            self.record(call, result, reply)
 
     async def _serve(self, rid: str | int, call: ToolCall, session: Any, send: Send) -> None:
         await self._reply(rid, call.name, session, send, self.run(call))

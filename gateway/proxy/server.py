@@ -144,7 +144,9 @@ class Gateway:
         self._listed: tuple[Any, ...] = ()
         self.server = self._build_server()
         # plain tools/call from a stdio host, below the SDK's server (proxy/lean.py)
-        self.lean = LeanFront(lambda: self.hosts.get("stdio"), self._run_call, self._start_lean, self._finish_now)
+        self.lean = LeanFront(
+            lambda: self.hosts.get("stdio"), self._run_call, self._start_lean, self._finish_now, self._record_call
+        )
 
     def _new_upstream(self, name: str, cfg: ServerConfig) -> Upstream:
         return Upstream(
@@ -498,13 +500,12 @@ class Gateway:
         return await self._next(exchange, exchange.call)
 
     def _finish_now(self, call: ToolCall, result: types.CallToolResult) -> Any:
-        """`_finish` without waiting, for the lean path: the reply, when every plugin decided at once;
-        else `_finish` for the rest of them, to be awaited."""
+        """`_finish` without waiting, for the lean path: the reply, when every plugin decided at once
+        (the caller records the usage figures once it is written); else `_finish` for the rest of
+        them, to be awaited."""
         reply, stopped = self.pipeline.on_tool_result_now(call, result)
         if stopped < len(self.pipeline.plugins) or spill.pending():
             return self._finish(call, result, reply, stopped)
-        # after the answer is written, off the caller's wait
-        asyncio.get_running_loop().call_soon(self._record_call, call, result, reply)
         return reply
 
     async def _finish(

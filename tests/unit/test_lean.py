@@ -36,7 +36,7 @@ def test_only_plain_calls_are_taken() -> None:
 def test_a_call_without_an_id_is_left_to_the_sdk() -> None:
     """A `tools/call` sent as a notification (no id) is not taken, and taking it does not raise (the
     host's reader would stop)."""
-    take = LeanFront(lambda: object(), None, None, None).intercept(None, None)  # type: ignore[arg-type]
+    take = LeanFront(lambda: object(), None, None, None, None).intercept(None, None)  # type: ignore[arg-type]
     assert take({"jsonrpc": "2.0", "method": "tools/call", "params": {"name": "a__b"}}) is False
     assert take({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": "x"}) is False
 
@@ -218,7 +218,7 @@ class _Host:
 def _front(finish: Any, start_now: bool = True) -> tuple[LeanFront, dict[str, Any]]:
     """A lean front whose upstream is a dict: `started` holds each call's `done`, `cancelled` the calls
     given up; with `start_now` off every call goes the waiting way (`run`)."""
-    seen: dict[str, Any] = {"started": {}, "cancelled": [], "ran": []}
+    seen: dict[str, Any] = {"started": {}, "cancelled": [], "ran": [], "recorded": []}
 
     def start(call: Any, done: Any) -> Any:
         if not start_now:
@@ -230,7 +230,10 @@ def _front(finish: Any, start_now: bool = True) -> tuple[LeanFront, dict[str, An
         seen["ran"].append(call.arguments["n"])
         return types.CallToolResult(content=[types.TextContent(text=f"ran {call.arguments['n']}")])
 
-    return LeanFront(lambda: _Host(), run, start, finish), seen
+    def record(call: Any, result: types.CallToolResult, reply: types.CallToolResult) -> None:
+        seen["recorded"].append(call.arguments["n"])
+
+    return LeanFront(lambda: _Host(), run, start, finish, record), seen
 
 
 def _request(rid: int) -> dict[str, Any]:
@@ -282,6 +285,7 @@ async def test_the_front_answers_in_the_callback_waits_only_when_it_must_and_nev
             await anyio.sleep(0)
     assert sorted((m["id"], m["result"]["content"][0]["text"]) for m in sent) == [(2, "result 99"), (4, "result 4")]
     assert len(written) == 1 and not front._flights
+    assert seen["recorded"] == [1, 4]  # the two answered in the callback (the task's path records its own)
 
 
 @pytest.mark.anyio
