@@ -119,10 +119,13 @@ async def _answers(tmp_path: Path, lean: bool) -> tuple[list[dict], list[dict]]:
         for name, arguments, extra in CALLS:
             answer = await host.call(name, arguments, **extra)
             answers.append({k: v for k, v in answer.items() if k != "id"})
+        # the monitor's ledger: both paths count the same
+        status = await host.call("context_status", {"session_id": "lean"})
+        ledger = {k: status["result"]["structuredContent"]["gateway"]["monitor"][k] for k in ("results", "level")}
         ids = [await host.call("p__request_id", {}) for _ in range(2)]
         # above the 4 MB spool threshold: the reply is read from disk with its long strings left there
         big = await host.call("p__big", {"size": 6_000_000, "kind": "structured"})
-    return answers, [ids[0]["result"], ids[1]["result"], big["result"]]
+    return answers, [ids[0]["result"], ids[1]["result"], big["result"], ledger]
 
 
 async def test_lean_path_answers_exactly_as_the_sdk_path(tmp_path: Path) -> None:
@@ -143,6 +146,8 @@ async def test_lean_path_answers_exactly_as_the_sdk_path(tmp_path: Path) -> None
     # a huge result is offloaded on both paths alike
     assert lean_extra[2]["content"][0]["text"].split("resp_")[0] == sdk_extra[2]["content"][0]["text"].split("resp_")[0]
     assert lean_extra[2].get("structuredContent") == sdk_extra[2].get("structuredContent")
+    # both paths count the same tokens into the monitor's ledger
+    assert lean_extra[3] == sdk_extra[3] and lean_extra[3]["results"] > 0, (lean_extra[3], sdk_extra[3])
 
 
 async def test_lean_calls_are_cancelled_and_timed_out_at_the_upstream(tmp_path: Path) -> None:
