@@ -413,7 +413,14 @@ class Upstream:
             clock.stop()
             with contextlib.suppress(ValueError):
                 self._in_flight.remove(flight)
-            done(self._lean_result(session, tool, outcome, timeout))
+            try:
+                result = self._lean_result(session, tool, outcome, timeout)
+            except Exception as exc:  # a bug; the caller still gets an answer
+                log.exception("reading the result of %s failed", tool)
+                result = error_result(
+                    f"The gateway failed while reading the result of '{tool}' from '{self.name}': {exc}."
+                )
+            done(result)
 
         def expired() -> None:
             if rid is not None:

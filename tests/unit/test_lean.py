@@ -251,6 +251,8 @@ async def test_the_front_answers_in_the_callback_waits_only_when_it_must_and_nev
         return _text(99)
 
     def finish(call: Any, result: types.CallToolResult) -> Any:
+        if call.arguments["n"] == 5:
+            raise RuntimeError("a plugin broke")
         return later(result) if call.arguments["n"] == 2 else result
 
     front, seen = _front(finish)
@@ -268,12 +270,14 @@ async def test_the_front_answers_in_the_callback_waits_only_when_it_must_and_nev
         sent.append(json.loads(data))
 
     take = front.intercept(send, write)
-    assert all(take(_request(n)) for n in (1, 2, 3, 4))
+    assert all(take(_request(n)) for n in (1, 2, 3, 4, 5))
     assert not take(_request(1))  # an id already in flight: the SDK answers that one
     seen["started"][1](_text(1))  # answered inside the callback: written at once
     assert written == [
         {"jsonrpc": "2.0", "id": 1, "result": {"content": [{"text": "result 1", "type": "text"}], "isError": False}}
     ]
+    seen["started"][5](_text(5))  # a bug on the way: answered as the SDK answers a handler that raised
+    assert written.pop() == {"jsonrpc": "2.0", "id": 5, "error": {"code": 0, "message": "a plugin broke"}}
     seen["started"][2](_text(2))  # a plugin must wait: answered from a task
     assert take({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 3}})
     assert seen["cancelled"] == [3]
