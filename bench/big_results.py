@@ -4,8 +4,9 @@
 
 The real filesystem server (npm) reads a generated JSON file of each size and answers with one
 JSON-RPC line holding the text and its structuredContent copy (about twice the file, escaped); files
-over 150 MB, too long for Node's strings, are served the same way by `bench/file_server.py`. For
-each file, a fresh gateway process (stdio) offloads it; the script prints the time of the direct
+over 150 MB, too long for Node's strings, are served the same way by `bench/file_server.py`; with
+`--http`, that server answers every file over Streamable HTTP. For each file, a fresh gateway process
+(stdio to the host) offloads it; the script prints the time of the direct
 read and of the read through the gateway, the gateway's peak RSS (VmHWM) above its idle size, as a
 multiple of the file, and its RSS once the call and the background work after it are done (memory
 returned?). Idle is measured after one small offload, so the libraries an offload loads count as idle. `--korean` adds a text
@@ -101,9 +102,27 @@ async def session(command: str, args: list[str], log: Path) -> AsyncIterator[Cli
             yield client
 
 
+@asynccontextmanager
+async def http_session(url: str) -> AsyncIterator[ClientSession]:
+    """A direct client over Streamable HTTP (the SDK's own: it reads each response body whole)."""
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    async with (
+        httpx2.AsyncClient(timeout=httpx2.Timeout(30, read=None)) as http,
+        streamable_http_client(url, http_client=http, max_sse_event_size=None) as streams,
+        ClientSession(streams[0], streams[1]) as client,
+    ):
+        await client.initialize()
+        yield client
+
+
 async def measure(source: Path, server: list[str], tmp: Path) -> list[str]:
+    """`server`: the upstream's command line, or `[url]` for one over Streamable HTTP."""
     size = source.stat().st_size
-    async with session(server[0], server[1:], tmp / "direct.log") as client:
+    http = server[0].startswith("http://")
+    direct_session = http_session(server[0]) if http else session(server[0], server[1:], tmp / "direct.log")
+    async with direct_session as client:
         t = time.perf_counter()
         direct = await call(client, "read_text_file", {"path": str(source)})
         direct_s = time.perf_counter() - t
@@ -111,9 +130,13 @@ async def measure(source: Path, server: list[str], tmp: Path) -> list[str]:
         del direct
 
     config = tmp / f"gw-{source.stem}.toml"
+    upstream = (
+        f"url = {json.dumps(server[0])}"
+        if http
+        else f"command = {json.dumps(server[0])}\nargs = {json.dumps(server[1:])}"
+    )
     config.write_text(
-        f'[gateway]\nworkspace = {json.dumps(str(tmp / "ws"))}\nplugins = ["offload"]\n\n'
-        f"[servers.fs]\ncommand = {json.dumps(server[0])}\nargs = {json.dumps(server[1:])}\n"
+        f'[gateway]\nworkspace = {json.dumps(str(tmp / "ws"))}\nplugins = ["offload"]\n\n[servers.fs]\n{upstream}\n'
     )
     async with session(sys.executable, ["-m", "gateway", "--config", str(config)], tmp / "gw.log") as client:
         pid = child_pid(os.getpid())
@@ -132,7 +155,11 @@ async def measure(source: Path, server: list[str], tmp: Path) -> list[str]:
         peak_total = status(pid, "VmHWM")
     return [
         f"{source.name} ({size / 2**20:.0f} MB)",
-        "npm filesystem" if "node" in server[0] or "mcp-server" in server[0] else "bench/file_server.py",
+        "bench/file_server.py, HTTP"
+        if http
+        else "npm filesystem"
+        if "node" in server[0] or "mcp-server" in server[0]
+        else "bench/file_server.py",
         f"{direct_s:.2f} s",
         f"{gateway_s:.2f} s",
         f"{gateway_s / direct_s:.2f}x",
@@ -144,7 +171,7 @@ async def measure(source: Path, server: list[str], tmp: Path) -> list[str]:
     ]
 
 
-async def main(sizes: list[int], korean: int) -> None:
+async def main(sizes: list[int], korean: int, http: bool) -> None:
     filesystem = npm_bin("mcp-server-filesystem")
     tmp = Path(tempfile.mkdtemp(prefix="ctx-bench-big-"))
     data = tmp / "data"
@@ -172,18 +199,44 @@ async def main(sizes: list[int], korean: int) -> None:
             "peak incl. background",
         ]
     ]
-    for source in files:
-        # Node cannot build a reply string this long (~2x the file): a raw Python server answers the same way
-        too_big = source.stat().st_size > NODE_LIMIT
-        server = [sys.executable, str(Path(__file__).with_name("file_server.py")), str(data)]
-        rows.append(await measure(source, server if too_big else [filesystem, str(data)], tmp))
-        print(table(rows), "\n", flush=True)
-    subprocess.run(["rm", "-rf", str(tmp)], check=False)
+    file_server = [sys.executable, str(Path(__file__).with_name("file_server.py")), str(data)]
+    web = None
+    if http:  # the same answers over Streamable HTTP: the gateway streams the body to disk as it comes
+        port = free_port()
+        web = subprocess.Popen([*file_server, "--http", str(port)], stdin=subprocess.DEVNULL)
+        with anyio.fail_after(20):
+            while True:  # until it listens
+                try:
+                    await (await anyio.connect_tcp("127.0.0.1", port)).aclose()
+                    break
+                except OSError:
+                    await anyio.sleep(0.1)
+    try:
+        for source in files:
+            if web is not None:
+                server = [f"http://127.0.0.1:{port}/mcp"]
+            else:  # Node cannot build a reply string this long (~2x the file): a raw Python server answers alike
+                server = file_server if source.stat().st_size > NODE_LIMIT else [filesystem, str(data)]
+            rows.append(await measure(source, server, tmp))
+            print(table(rows), "\n", flush=True)
+    finally:
+        if web is not None:
+            web.terminate()
+        subprocess.run(["rm", "-rf", str(tmp)], check=False)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", type=int, nargs="*", default=[10, 68, 200])
     parser.add_argument("--korean", type=int, default=100)
+    parser.add_argument("--http", action="store_true", help="the upstream over Streamable HTTP instead of stdio")
     args = parser.parse_args()
-    anyio.run(main, args.sizes, args.korean)
+    anyio.run(main, args.sizes, args.korean, args.http)
