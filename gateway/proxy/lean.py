@@ -181,17 +181,12 @@ class RawRequests:
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             return
         if self._send is not None:  # the upstream is behind: the cancel waits its turn
-            task = asyncio.get_running_loop().create_task(self._send_late(self._send, cancel))
-            self._cancels.add(task)
-            task.add_done_callback(self._cancels.discard)
+            _spawn(self._cancels, self._send_late(self._send, cancel, rid))
 
     @staticmethod
-    async def _send_late(send: Send, data: bytes) -> None:
-        with (
-            anyio.move_on_after(CANCEL_WRITE_TIMEOUT),
-            contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError),
-        ):
-            await send(data)
+    async def _send_late(send: Send, data: bytes, rid: str) -> None:
+        with anyio.move_on_after(CANCEL_WRITE_TIMEOUT):
+            await _deliver(send, data, f"the cancel of {rid}")
 
 
 def _outcome(raw: dict[str, Any]) -> Outcome:
@@ -362,7 +357,7 @@ class LeanFront:
             log.exception("starting tools/call %s on the lean path failed", call.name)
             cancel = None
         if cancel is None:
-            self._flights[rid] = self._spawn(self._serve(rid, call, session, send)).cancel
+            self._flights[rid] = _spawn(self._tasks, self._serve(rid, call, session, send)).cancel
             asyncio.get_running_loop().call_soon(call.argument_tokens)  # once the task waits for the upstream
             return
         self._flights[rid] = cancel
@@ -377,7 +372,7 @@ class LeanFront:
         try:
             reply = self.finish(call, result)
             if not isinstance(reply, types.CallToolResult):  # the rest of the plugins, awaited
-                self._flights[rid] = self._spawn(self._reply(rid, call.name, session, send, reply)).cancel
+                self._flights[rid] = _spawn(self._tasks, self._reply(rid, call.name, session, send, reply)).cancel
                 return
             data = line(_message(rid, session, reply))
         except Exception as exc:  # a bug: answered as the SDK answers a handler that raised
@@ -385,7 +380,7 @@ class LeanFront:
             data = line(_failed(rid, call.name, exc))
         try:
             if not write(data):
-                self._spawn(_deliver(rid, send, data))  # the host is behind: wait for it
+                _spawn(self._tasks, _deliver(send, data, f"the answer to {rid!r}"))  # the host is behind
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             log.debug("dropped the answer to %r: the host is gone", rid)
         if isinstance(reply, types.CallToolResult):  # answered: the host reads it meanwhile
@@ -408,13 +403,7 @@ class LeanFront:
             return  # the host cancelled it (or left): never answered
         finally:
             self._flights.pop(rid, None)
-        await _deliver(rid, send, line(message))
-
-    def _spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        task = asyncio.get_running_loop().create_task(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+        await _deliver(send, line(message), f"the answer to {rid!r}")
 
 
 def _message(rid: str | int, session: Any, result: types.CallToolResult) -> dict[str, Any]:
@@ -435,8 +424,18 @@ def _failed(rid: str | int, name: str, exc: Exception) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": rid, "error": {"code": 0, "message": str(exc)}}
 
 
-async def _deliver(rid: Any, send: Send, data: bytes) -> None:
+async def _deliver(send: Send, data: bytes, what: str) -> None:
+    """One line through a sink that may wait; a peer that is gone hears nothing."""
     try:
         await send(data)
     except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-        log.debug("dropped the answer to %r: the host is gone", rid)
+        log.debug("dropped %s: the peer is gone", what)
+
+
+def _spawn(tasks: set[asyncio.Task[None]], work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+    """`work` as a plain asyncio task, kept in `tasks` until it ends (the loop keeps only a weak
+    reference to a task)."""
+    task = asyncio.get_running_loop().create_task(work)
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)
+    return task

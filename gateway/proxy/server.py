@@ -503,8 +503,10 @@ class Gateway:
         """`_finish` without waiting, for the lean path: the reply, when every plugin decided at once
         (the caller records the usage figures once it is written); else `_finish` for the rest of
         them, to be awaited."""
+        if spill.pending():  # long texts still on disk: `_finish` restores them
+            return self._finish(call, result)
         reply, stopped = self.pipeline.on_tool_result_now(call, result)
-        if stopped < len(self.pipeline.plugins) or spill.pending():
+        if stopped < len(self.pipeline.plugins):
             return self._finish(call, result, reply, stopped)
         return reply
 
@@ -530,10 +532,10 @@ class Gateway:
         (`Upstream.start_lean`); None when `call` must decide: an own tool, a tool not served as
         listed, an upstream still starting, arguments it refuses."""
         route = None if call.name in self.local_tools else self.routing.tool_routes.get(call.name)
-        if route is None or (self.routing.frozen and call.name in self.routing.changed):
+        if route is None:
             return None
         upstream = self.routing.upstream_for(route)
-        if not upstream.ready.is_set() or unencodable(call.arguments) is not None:
+        if not upstream.ready.is_set() or self._refusal(call) is not None:
             return None
         call.server, call.tool = route.server, route.name
         return upstream.start_lean(route.name, call.arguments, call.meta, done, (call.host_session, call.request_id))
@@ -547,19 +549,8 @@ class Gateway:
         if route is None:
             return error_result(self._unknown_tool(call.name))
         call.server, call.tool = route.server, route.name
-        if self.routing.frozen and (change := self.routing.changed.get(call.name)):
-            return error_result(
-                f"'{call.name}' was not called: {change} since it was first seen, and freeze_definitions is on, so "
-                "the gateway keeps serving the first definition and refuses the changed tool. If the change is "
-                f"expected, remove {self.routing.ledger.path} and restart the gateway."
-            )
-        if (where := unencodable(call.arguments)) is not None:
-            # a lone surrogate cannot be written to the upstream as UTF-8; sent, it would tear down the
-            # connection and every other call in flight on it
-            return error_result(
-                f"'{call.name}': argument `{where}` holds text that is not valid Unicode (a lone surrogate such "
-                "as \\ud800); send it as valid UTF-8 text. Nothing was sent to the server."
-            )
+        if (refusal := self._refusal(call)) is not None:
+            return error_result(refusal)
         upstream = self.routing.upstream_for(route)
         return await upstream.call_tool(
             route.name,
@@ -570,6 +561,23 @@ class Gateway:
             exchange=call.exchange,
             lean=call.lean,
         )
+
+    def _refusal(self, call: ToolCall) -> str | None:
+        """Why a routed call must not reach its upstream, or None."""
+        if self.routing.frozen and (change := self.routing.changed.get(call.name)):
+            return (
+                f"'{call.name}' was not called: {change} since it was first seen, and freeze_definitions is on, so "
+                "the gateway keeps serving the first definition and refuses the changed tool. If the change is "
+                f"expected, remove {self.routing.ledger.path} and restart the gateway."
+            )
+        if (where := unencodable(call.arguments)) is not None:
+            # a lone surrogate cannot be written to the upstream as UTF-8; sent, it would tear down the
+            # connection and every other call in flight on it
+            return (
+                f"'{call.name}': argument `{where}` holds text that is not valid Unicode (a lone surrogate such "
+                "as \\ud800); send it as valid UTF-8 text. Nothing was sent to the server."
+            )
+        return None
 
     def _unknown_tool(self, name: str) -> str:
         server, sep, _ = name.partition(self.settings.gateway.separator)

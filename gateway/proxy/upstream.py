@@ -409,10 +409,13 @@ class Upstream:
         timeout = timeout or self.config.timeout_seconds
         rid: str | None = None
 
-        def settle(outcome: Outcome | None) -> None:  # None: the clock ran out
+        def end() -> None:
             clock.stop()
             with contextlib.suppress(ValueError):
                 self._in_flight.remove(flight)
+
+        def settle(outcome: Outcome | None) -> None:  # None: the clock ran out
+            end()
             try:
                 result = self._lean_result(session, tool, outcome, timeout)
             except Exception as exc:  # a bug; the caller still gets an answer
@@ -432,9 +435,7 @@ class Upstream:
 
         def cancel() -> None:
             if clock.running:
-                clock.stop()
-                with contextlib.suppress(ValueError):
-                    self._in_flight.remove(flight)
+                end()
                 if rid is not None:
                     self.raw.cancel(rid)
 
