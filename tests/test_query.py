@@ -64,7 +64,10 @@ async def test_sql_over_real_results(tmp_path: Path) -> None:
 
         orders, sales, log = await ref("orders.json"), await ref("sales.csv"), await ref("app.log")
         outline = (await call(session, "response_outline", {"path": orders})).structured_content
-        assert outline["tables"] == {"items": "data", "meta_warnings": "meta.warnings"}
+        assert [(t["table"], t["from"]) for t in outline["tables"]][:2] == [
+            ("items", "data"),
+            ("meta_warnings", "meta.warnings"),
+        ]
         assert any("response_query" in h for h in outline["compressionHints"])
 
         refunded = await sql(orders, "SELECT count(*) FROM items WHERE status = 'refunded'")
@@ -80,6 +83,8 @@ async def test_sql_over_real_results(tmp_path: Path) -> None:
         assert (await sql(orders, "SELECT code FROM meta_warnings"))["rows"] == [[7]]
         everything = await sql(orders, "SELECT * FROM items", max_tokens=500)
         assert everything["row_count"] == 4000 and len(everything["rows"]) < 4000 and "fileRef" in everything
+        saved = await sql(everything["fileRef"]["id"], "SELECT count(*), max(id) FROM items")
+        assert saved["rows"] == [[4000, 3999]]  # every row is in the fileRef, not the first 5,000
 
         events = await ref("events.jsonl")
         levels = await sql(events, "SELECT level, count(*) FROM items GROUP BY 1 ORDER BY 1")
@@ -93,7 +98,7 @@ async def test_sql_over_real_results(tmp_path: Path) -> None:
         assert sum(r[1] for r in errors["rows"]) == 600
 
         syntax = await call(session, "response_query", {"path": orders, "sql": "SELEC count(*) FROM items"})
-        assert syntax.is_error and "syntax error" in text_of(syntax) and "Tables: items" in text_of(syntax)
+        assert syntax.is_error and "syntax error" in text_of(syntax) and "Tables: items(" in text_of(syntax)
         for refused in [
             f"SELECT * FROM read_text('{secret}')",
             f"SELECT * FROM read_csv('{secret}')",

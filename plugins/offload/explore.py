@@ -21,6 +21,7 @@ from gateway.services.tokens import estimate_tokens
 from plugins.offload.fit import cost, fit
 from plugins.offload.json_file import BrokenJSON, is_small
 from plugins.offload.paths import format_path, parse_path
+from plugins.offload.tables import MAIN, Table, sql_name
 
 MODES = ("first_of_array", "sample_array", "truncate_strings", "keys_only", "select_keys")
 
@@ -62,22 +63,33 @@ class Explorer:
                 "sizeHint": human_size(path.stat().st_size),
                 "openCmd": open_command(path),
             }
+        tables, trouble = self._catalog(path, kind)
         if kind == "text":
+            main = next((t for t in tables if t.name == MAIN), None)
+            if main is not None:  # CSV / JSON Lines: the table is the outline
+                info: dict[str, Any] = {"type": "table", "size": path.stat().st_size, "format": main.source}
+                info["rows"] = main.rows
+                info["tables"] = [_summary(t) for t in tables]
+                info["compressionHints"] = _table_hints(rid, tables)
+                return self._fit(info, budget)
             info = textfile.outline(path)
-            info["compressionHints"] = [
-                f"response_slice(path='{rid}', start_line=1, end_line=50)",
-                f"response_search(path='{rid}', query='ERROR')",
-                f"response_query(path='{rid}', sql=\"SELECT count(*) FROM lines WHERE text LIKE '%ERROR%'\")",
-            ]
-            info["tables"] = self.tables(path, kind)
+            info["tables"] = [_summary(t) for t in tables] or trouble
+            info["compressionHints"] = _text_hints(rid, info)
             return self._fit(info, budget)
-        info = json_outline.outline(path)
-        info["compressionHints"] = _json_hints(rid, info)
-        tables = query._json_tables(path)
-        if tables:
-            info["tables"] = {name: (".".join(keys) or "$") for name, keys in tables.items()}
-            info["compressionHints"] += _query_hints(rid, info)
+        whole = json_outline.outline(path)
+        info = {k: whole[k] for k in ("type", "size", "keys", "keyCount", "itemCount", "itemCountNote") if k in whole}
+        info["tables"] = [_summary(t) for t in tables] or trouble
+        info["compressionHints"] = _json_hints(rid, whole) + _table_hints(rid, tables)
+        info["structure"] = whole["structure"]
+        info["samples"] = whole["samples"]
         return self._fit(info, budget)
+
+    def _catalog(self, path: Path, kind: str) -> tuple[list[Table], list[str]]:
+        """The result's tables, or none and why (the outline still answers)."""
+        try:
+            return query.build(path, kind), []
+        except Exception as exc:
+            return [], [f"no tables: {str(exc).splitlines()[0][:160]}"]
 
     def _fit(self, payload: dict[str, Any], budget: int) -> dict[str, Any]:
         value, cut = fit(payload, budget)
@@ -225,42 +237,60 @@ class Explorer:
         if kind == "binary":
             self._refuse_binary(path, "response_query")
         try:
-            columns, rows, total = query.run(path, kind, sql)
+            with query.execute(path, kind, sql) as (columns, rows):
+                shown: list[Any] = []
+                used = cost(columns) + 20
+                for row in rows:
+                    c = cost(row) + 1
+                    if used + c > max_tokens:
+                        return self._rows_saved(columns, shown, row, rows, max_tokens)
+                    shown.append(row)
+                    used += c
         except query.QueryError as exc:
             raise ToolInputError(f"response_query: {exc}. Tables: {', '.join(self.tables(path, kind))}") from None
-        shown: list[Any] = []
-        used = cost(columns) + 20
-        for row in rows:
-            c = cost(row) + 1
-            if used + c > max_tokens:
-                break
-            shown.append(row)
-            used += c
-        out: dict[str, Any] = {"columns": columns, "rows": shown, "row_count": total}
-        if len(shown) < total:
-            out["note"] = (
+        return {"columns": columns, "rows": shown, "row_count": len(shown)}
+
+    def _rows_saved(
+        self, columns: list[str], shown: list[Any], first_left: list[Any], rest: Any, max_tokens: int
+    ) -> dict[str, Any]:
+        """Rows beyond the budget: every row of the answer saved as a new result (an array of records,
+        so response_query on it has them as `items`), counted while it is written."""
+        names = _unique_names(columns)
+        total = 0
+
+        def chunks() -> Any:
+            nonlocal total
+            yield "["
+            for row in itertools.chain(shown, [first_left], rest):
+                yield ("," if total else "") + json.dumps(dict(zip(names, row, strict=True)), ensure_ascii=False)
+                total += 1
+            yield "]"
+
+        saved = self.store.save_chunks("response_query", chunks(), "json")
+        return {
+            "columns": columns,
+            "rows": shown,
+            "row_count": total,
+            "note": (
                 f"{total - len(shown)} of {total} rows left out to fit {max_tokens} tokens: aggregate "
-                "(count, GROUP BY), filter (WHERE) or add LIMIT"
-            )
-            if len(rows) > len(shown):
-                saved = self.store.save_chunks(
-                    "response_query", iter([json.dumps({"columns": columns, "rows": rows}, ensure_ascii=False)]), "json"
-                )
-                out["fileRef"] = {"id": saved.id, "path": str(saved.path), "sizeHint": human_size(saved.size)}
-                if len(rows) < total:
-                    out["fileRef"]["note"] = f"the first {len(rows)} rows"
-        return out
+                "(count, GROUP BY), filter (WHERE) or add LIMIT; all rows are in the fileRef"
+            ),
+            "fileRef": {
+                "id": saved.id,
+                "path": str(saved.path),
+                "sizeHint": human_size(saved.size),
+                "rows": total,
+                "next": f"response_query(path='{saved.id}', sql='SELECT * FROM items LIMIT 50 OFFSET {len(shown)}')",
+            },
+        }
 
     def tables(self, path: Path, kind: str) -> list[str]:
-        """The tables a query on this result can use."""
-        if kind == "json":
-            try:
-                return list(query._json_tables(path)) or ["(no array of objects in this result)"]
-            except BrokenJSON:
-                pass
-        if query._looks_like_ndjson(path):
-            return ["items (one row per JSON line)", "lines(n, text)"]
-        return ["items (CSV columns)", "lines(n, text)"] if query._looks_like_csv(path) else ["lines(n, text)"]
+        """The tables a query on this result can use, with their columns."""
+        tables, trouble = self._catalog(path, kind)
+        return trouble + [
+            f"{t.name}({', '.join(c['name'] for c in t.columns[:12])}{', …' if len(t.columns) > 12 else ''})"
+            for t in tables
+        ]
 
     def _compressed(self, mode: str, steps: list[Any], value: Any) -> dict[str, Any]:
         return {
@@ -297,6 +327,17 @@ class Explorer:
         }
 
 
+def _unique_names(columns: list[str]) -> list[str]:
+    """Column names as record keys: a repeated name (two `count(*)`) gets a number."""
+    out: list[str] = []
+    for name in columns:
+        unique, n = name, 2
+        while unique in out:
+            unique, n = f"{name}_{n}", n + 1
+        out.append(unique)
+    return out
+
+
 def _slice_answer(
     json_path: str,
     steps: list[Any],
@@ -327,32 +368,79 @@ def _deeper(steps: list[Any], value: Any) -> str:
 
 
 def _json_hints(rid: str, info: dict[str, Any]) -> list[str]:
+    """Slices that work on this document: the first item of its largest array, or the first entry of
+    its largest map (never a path that fails)."""
     hints = []
-    arrays = sorted(((p, n) for p, n in info["itemCount"].items() if n), key=lambda kv: -kv[1])
-    if arrays:
-        path, _ = arrays[0]
-        base = "" if path == "$" else path
-        first = f"{base}.0" if base else "0"
-        hints.append(f"response_slice(path='{rid}', json_path='{first}')")
-        hints.append(f"response_compress(path='{rid}', mode='sample_array', json_path='{base or '$'}', array_head=3)")
-        sample = (info.get("samples") or {}).get(path) or []
-        if sample and isinstance(sample[0], dict):
-            keys = list(sample[0])[:3]
-            hints.append(f"response_compress(path='{rid}', mode='select_keys', json_path='{base or '$'}', keys={keys})")
+    structure = info["structure"]
+    for part in info["itemCount"]:
+        entry = structure.get(part, {})
+        steps, _ = parse_path(None if part == "$" else part)
+        if entry.get("type") == "array":
+            hints.append(f"response_slice(path='{rid}', json_path={format_path([*steps, 0])!r})")
+            break
+        if entry.get("firstKeys"):
+            hints.append(f"response_slice(path='{rid}', json_path={format_path([*steps, entry['firstKeys'][0]])!r})")
+            break
     hints.append(f"response_search(path='{rid}', query='<words or ids>')")
     return hints
 
 
-def _query_hints(rid: str, info: dict[str, Any]) -> list[str]:
-    """Ready-to-send queries over `items`, so a small model sees the dialect once."""
-    hints = [f"response_query(path='{rid}', sql='SELECT count(*) FROM items')"]
-    arrays = sorted(((p, n) for p, n in info["itemCount"].items() if n), key=lambda kv: -kv[1])
-    sample = (info.get("samples") or {}).get(arrays[0][0]) if arrays else None
-    if sample and isinstance(sample[0], dict):
-        text_keys = [k for k, v in sample[0].items() if isinstance(v, str) and len(v) < 40]
-        if text_keys:
-            k = text_keys[-1]
+def _summary(table: Table) -> dict[str, Any]:
+    out = table.summary()
+    if len(table.columns) > MAX_COLUMNS:
+        out["columns"] = table.columns[:MAX_COLUMNS]
+        out["moreColumns"] = f"+{len(table.columns) - MAX_COLUMNS} (DESCRIBE {sql_name(table.name)} lists all)"
+    return out
+
+
+MAX_COLUMNS = 24
+
+
+def _table_hints(rid: str, tables: list[Table]) -> list[str]:
+    """Ready-to-send queries that fit the tables, so a small model sees the dialect once."""
+    hints = []
+
+    def q(sql: str) -> str:
+        return f"response_query(path='{rid}', sql={sql!r})"
+
+    for table in tables:
+        name = sql_name(table.name)
+        if table.name == "doc":
+            if len(tables) == 1:
+                hints.append(q("SELECT json_keys(json) FROM doc"))
+            continue
+        if table.name == "lines":
+            if len(tables) == 1:
+                hints.append(q("SELECT n, text FROM lines WHERE text LIKE '%word%' LIMIT 20"))
+            continue
+        hints.append(q(f"SELECT count(*) FROM {name}"))
+        cols = table.columns
+        group = next((c for c in cols if c["type"] == "VARCHAR" and 1 < c.get("distinct", 0) <= 50), None)
+        if group:
+            hints.append(q(f"SELECT {sql_name(group['name'])}, count(*) AS n FROM {name} GROUP BY 1 ORDER BY n DESC"))
+        number = next((c for c in cols if c["type"] in ("BIGINT", "DOUBLE") and c["name"] != table.key_column), None)
+        label = table.key_column or next((c["name"] for c in cols if c["type"] == "VARCHAR"), None)
+        if number and label:
+            n = sql_name(number["name"])
             hints.append(
-                f"response_query(path='{rid}', sql='SELECT \"{k}\", count(*) AS n FROM items GROUP BY 1 ORDER BY n DESC')"
+                q(f"SELECT {sql_name(label)}, {n} FROM {name} WHERE {n} IS NOT NULL ORDER BY {n} DESC LIMIT 5")
             )
+        nested = next((c for c in cols if c["type"].endswith("[]")), None)
+        if nested:
+            inner = sql_name(nested["name"])
+            hints.append(q(f"SELECT unnest({inner}) AS v, count(*) FROM {name} GROUP BY 1 ORDER BY 2 DESC LIMIT 10"))
+        if table.name == MAIN and len(hints) > 3:
+            break
+    return hints[:6]
+
+
+def _text_hints(rid: str, info: dict[str, Any]) -> list[str]:
+    hints = [f"response_slice(path='{rid}', start_line=1, end_line=50)"]
+    level = next(iter(info.get("levels") or {}), None)
+    if level:  # a log: its own levels, never a level it does not have
+        hints.append(f"response_search(path='{rid}', query='{level}')")
+        hints.append(f"response_query(path='{rid}', sql=\"SELECT count(*) FROM lines WHERE text LIKE '%{level}%'\")")
+    else:
+        hints.append(f"response_search(path='{rid}', query='<words>')")
+        hints.append(f"response_query(path='{rid}', sql=\"SELECT n, text FROM lines WHERE text LIKE '%word%'\")")
     return hints

@@ -12,6 +12,7 @@ import mcp_types as types
 import pydantic_core
 
 import plugins.offload.query as query
+import plugins.offload.table_csv as table_csv
 import plugins.offload.textfile as textfile
 from gateway.plugin import ToolCall
 from gateway.services import spill
@@ -22,6 +23,7 @@ from plugins.offload.json_file import BrokenJSON, is_small
 from plugins.offload.json_outline import outline, warm_outline
 
 INLINE_KEYS = 10
+INLINE_COLUMNS = 60
 HEAD_BYTES = 256 * 1024
 MAX_LISTED_FILES = 6
 
@@ -151,9 +153,17 @@ def inline_outline(saved: Saved) -> dict[str, Any]:
     if saved.kind == "binary":
         return {"type": "binary", "mime": saved.mime}
     if saved.kind == "text":
+        query.warm(saved.path, "text")  # the tables are ready by the model's next call
+        if (sep := table_csv.dialect(saved.path)) is not None:  # the header whole: it names the columns
+            columns = table_csv.header(saved.path, sep)
+            out: dict[str, Any] = {"type": "csv", "columns": columns[:INLINE_COLUMNS], "tables": ["items", "lines"]}
+            if len(columns) > INLINE_COLUMNS:
+                out["moreColumns"] = len(columns) - INLINE_COLUMNS
+            return out
         with open(saved.path, encoding="utf-8", errors="replace") as fh:
             head = [line for _, line in zip(range(3), fh, strict=False)]
         return {"type": "text", "firstLines": textfile.head_preview("".join(head))}
+    query.warm(saved.path, "json")  # the tables for response_query
     if is_small(saved.path):
         try:
             full = outline(saved.path)
@@ -162,11 +172,12 @@ def inline_outline(saved: Saved) -> dict[str, Any]:
         out = {"type": full["type"]}
         if "keys" in full:
             out["keys"] = full["keys"][:INLINE_KEYS]
+            if len(full["keys"]) > INLINE_KEYS or "keyCount" in full:
+                out["keyCount"] = full.get("keyCount", len(full["keys"]))
         counts = {k: v for k, v in full["itemCount"].items() if k.count(".") <= 1}
         out["itemCount"] = dict(itertools.islice(counts.items(), 5))
         return out
     warm_outline(saved.path)  # counts and samples are ready by the model's next call
-    query.warm(saved.path, "json")  # and the tables for response_query
     return _head_outline(saved.path)
 
 

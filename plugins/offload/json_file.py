@@ -66,3 +66,59 @@ def items(path: Path, prefix: str) -> Any:
     """The values at an ijson prefix (`data.item`), one at a time."""
     with open(path, "rb") as fh, valid_json():
         yield from ijson.items(fh, prefix, use_float=True)
+
+
+def children(path: Path, steps: list[Any], array: bool) -> Iterator[tuple[Any, Any]]:
+    """(key or index, value) of each child of the array (or object) at `steps`, one at a time. Keys that
+    ijson's dotted prefixes cannot name (empty, with a dot) are followed event by event instead."""
+    if is_small(path):
+        value = parsed(path)
+        for step in steps:
+            value = value[step]
+        yield from (value.items() if isinstance(value, dict) else enumerate(value))
+        return
+    if all(isinstance(s, str) and s and "." not in s for s in steps):
+        prefix = ".".join(steps)
+        with open(path, "rb") as fh, valid_json():
+            if array:
+                yield from enumerate(ijson.items(fh, f"{prefix}.item" if prefix else "item", use_float=True))
+            else:
+                yield from ijson.kvitems(fh, prefix, use_float=True)
+        return
+    yield from _children_by_events(path, steps)
+
+
+def _children_by_events(path: Path, steps: list[Any]) -> Iterator[tuple[Any, Any]]:
+    where: list[Any] = []  # the steps of the open containers' current children
+    kinds: list[bool] = []  # is each open container an array
+    depth = len(steps)
+    builder: ijson.ObjectBuilder | None = None
+    level = 0
+    for _prefix, event, value in events(path):
+        if builder is not None:
+            builder.event(event, value)
+            level += event in ("start_map", "start_array")
+            level -= event in ("end_map", "end_array")
+            if level == 0:
+                yield where[-1], builder.value
+                builder = None
+            continue
+        if event == "map_key":
+            where[-1] = value
+            continue
+        if event in ("end_map", "end_array"):
+            where.pop()
+            kinds.pop()
+            continue
+        if kinds and kinds[-1]:
+            where[-1] += 1
+        if len(where) == depth + 1 and where[:depth] == steps:
+            if event in ("start_map", "start_array"):
+                builder, level = ijson.ObjectBuilder(), 1
+                builder.event(event, value)
+            else:
+                yield where[-1], value
+            continue
+        if event in ("start_map", "start_array"):
+            kinds.append(event == "start_array")
+            where.append(-1 if event == "start_array" else None)

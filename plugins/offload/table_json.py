@@ -1,0 +1,102 @@
+"""A JSON result's tables: every array of records and every map (an object keyed by name: API models,
+OpenAPI `paths`, lockfile `packages`, dependency maps, i18n catalogs), one table each, the largest named
+`items`; and `doc`, the whole document as one JSON value, for what no table holds.
+
+A map's table has one row per entry: a key column (`key`, or `_key` when the values have a field `key`)
+and the value's fields (an object) or `value` (anything else). Tables are named after their path; a name
+already taken (a key literally named `items`, `a.b` beside `a_b`) gets a number, never another's table.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import plugins.offload.json_outline as json_outline
+from gateway.services.text import dumps
+from plugins.offload.json_file import children
+from plugins.offload.paths import Step, format_path
+from plugins.offload.table_jsonl import object_size
+from plugins.offload.tables import MAIN, Names, Table, quote, unique_column, untangle
+
+DOC_BYTES = 16 * 1024 * 1024  # documents up to this size are also one JSON value in `doc`
+_KEY = "__ctx_entry_key__"  # the key column while loading; renamed once the value's fields are known
+
+
+def candidates(path: Path) -> list[tuple[tuple[Step, ...], bool, int]]:
+    """(steps, is_array, rows) of each part that is a table, largest first."""
+    found = json_outline.nodes(path)
+    maps = {s for s, n in found.items() if n.is_map}
+    out = []
+    for steps, node in found.items():
+        if any(steps[:i] in maps for i in range(len(steps))):
+            continue  # an entry of a map is a row, not a table
+        if node.type == "array" and node.count and node.objects * 2 >= node.count:
+            out.append((steps, True, node.count))
+        elif node.is_map:
+            out.append((steps, False, node.count))
+    out.sort(key=lambda c: (-c[2], len(c[0])))
+    return out
+
+
+def load(conn: Any, path: Path, scratch: Path) -> list[Table]:
+    """Create the tables; `scratch` is a temporary file the loader may write (removed by the caller)."""
+    names = Names()
+    tables = []
+    for i, (steps, is_array, _) in enumerate(candidates(path)):
+        name = MAIN if i == 0 else names.claim("_".join(str(s) for s in steps) or "root")
+        tables.append(_load_part(conn, path, list(steps), is_array, name, scratch))
+    if path.stat().st_size <= DOC_BYTES:
+        conn.execute(
+            "CREATE TABLE doc AS SELECT json FROM read_json_objects(?, format='unstructured', "
+            f"maximum_object_size={object_size(path.stat().st_size)})",
+            [str(path)],
+        )
+        tables.append(Table("doc", "whole document (one row, column json)"))
+    return tables
+
+
+def _load_part(conn: Any, path: Path, steps: list[Step], is_array: bool, name: str, scratch: Path) -> Table:
+    longest, skipped, fields = 0, 0, set()
+    with open(scratch, "w", encoding="utf-8") as fh:
+        for key, value in children(path, steps, is_array):
+            if is_array:
+                if not isinstance(value, dict):
+                    skipped += 1
+                    continue
+                row = value
+            else:
+                row = {_KEY: key, **value} if isinstance(value, dict) else {_KEY: key, "value": value}
+                fields.update(row)
+            line = dumps(row) + "\n"
+            longest = max(longest, len(line))
+            fh.write(line)
+    conn.execute(
+        f"CREATE TABLE {quote(name)} AS SELECT * FROM read_json_auto(?, format='newline_delimited', "
+        f"maximum_object_size={object_size(4 * longest)}, sample_size=-1)",
+        [str(scratch)],
+    )
+    table = Table(name, format_path(steps))
+    untangle(conn, table)
+    if not is_array:
+        key_column = unique_column("key", [f for f in fields if f != _KEY])
+        conn.execute(f"ALTER TABLE {quote(name)} RENAME COLUMN {quote(_KEY)} TO {quote(key_column)}")
+        table.key_column = key_column
+        table.notes.append(f"one row per entry of the object at {format_path(steps)}; its key is {key_column}")
+    if skipped:
+        table.notes.append(f"{skipped} items of the array are not objects and have no row")
+    return table
+
+
+def doc_hint(outline: dict[str, Any]) -> str:
+    """A query on `doc` that fits this document: count the entries of its largest part."""
+    counts = outline.get("itemCount") or {}
+    part = next(iter(counts), None)
+    if part is None:
+        return "SELECT json_keys(json) FROM doc"
+    pointer = "$" if part == "$" else "$" + ("" if part.startswith("[") else ".") + part
+    structure = outline.get("structure", {}).get(part, {})
+    if structure.get("type") == "array":
+        return f"SELECT json_array_length(json, {json.dumps(pointer)[1:-1]!r}) FROM doc"
+    return f"SELECT len(json_keys(json, {json.dumps(pointer)[1:-1]!r})) FROM doc"

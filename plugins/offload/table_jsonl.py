@@ -1,0 +1,51 @@
+"""JSON Lines / NDJSON results: one row per line's object, typed by DuckDB's JSON reader."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from plugins.offload.tables import MAIN, Table, untangle
+
+
+def detect(path: Path) -> bool:
+    """The first lines are each one JSON object."""
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        head = [fh.readline() for _ in range(5)]
+    head = [h for h in head if h.strip()]
+    try:
+        return len(head) >= 2 and all(isinstance(json.loads(h), dict) for h in head)
+    except ValueError:
+        return False
+
+
+def longest_line(path: Path) -> int:
+    """Bytes of the longest line of a file."""
+    longest, carried = 0, 0
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 20):
+            start = 0
+            while (newline := block.find(b"\n", start)) >= 0:
+                longest = max(longest, carried + newline - start)
+                carried, start = 0, newline + 1
+            carried += len(block) - start
+    return max(longest, carried)
+
+
+def object_size(longest: int) -> int:
+    """DuckDB's `maximum_object_size` for records no longer than `longest` bytes. Its JSON reader
+    allocates buffers of twice this size, so the 100 MB it would take for any file cost 200 MB of
+    memory for a result of a few MB; records are rarely large."""
+    return max(1 << 20, longest + 1024)
+
+
+def load(conn: Any, path: Path) -> Table:
+    conn.execute(
+        f"CREATE TABLE {MAIN} AS SELECT * FROM read_json_auto(?, format='newline_delimited', "
+        f"maximum_object_size={object_size(longest_line(path))}, sample_size=-1)",
+        [str(path)],
+    )
+    table = Table(MAIN, "JSON lines (one row per line)")
+    untangle(conn, table)
+    return table
