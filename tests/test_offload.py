@@ -143,7 +143,9 @@ async def test_json_exploration(tmp_path: Path, size: int) -> None:
         wild = await call(session, "response_slice", {"path": rid, "json_path": "$.data[0].tags[*]"})
         assert wild.structured_content["value"] == ["a", "b"]
         names = (await call(session, "response_slice", {"path": rid, "json_path": "$.data[*].name"})).structured_content
-        assert names["value"][:3] == ["item-0", "item-1", "item-2"] and "more" in names["value"][-1]
+        assert names["value"][:3] == ["item-0", "item-1", "item-2"]
+        assert names["total"] == n and names["shown"] == len(names["value"]) < n  # the total, not "more"
+        assert f"{names['shown']} of {n} matches shown" in names["note"]
         cheap = await call(session, "response_slice", {"path": rid, "json_path": "$.data[?(@.id == 7)].name"})
         assert cheap.structured_content["value"][0] == "item-7"
         whole = (await call(session, "response_slice", {"path": rid, "json_path": "data"})).structured_content

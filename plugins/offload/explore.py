@@ -143,16 +143,40 @@ class Explorer:
         count = json_values.large_array(path, steps)
         stream = json_values.stream_matches(path, steps, remainder) if count is not None else None
         if stream is not None:  # a large array: take what fits, never load it whole
-            return self._bounded_slice(json_path, steps, remainder, stream, count, budget)
+            return self._bounded_slice(path, json_path, steps, remainder, stream, count, budget)
         value, steps = json_values.resolve(path, json_path)
         nxt, prev = (None, None)
         if remainder is None:
             nxt, prev = json_values.neighbours(path, steps)
         shown, cut = fit(value, budget)
+        if remainder is not None:  # a wildcard or filter: its matches, counted
+            left = (
+                int(shown[-1][3:].split()[0])
+                if cut and isinstance(shown[-1], str) and shown[-1].startswith("…(+")
+                else 0
+            )
+            return self._matches_answer(path, json_path, steps, shown[:-1] if left else shown, len(value), budget)
         return _slice_answer(json_path, steps, remainder, shown, cut, _deeper(steps, value), budget, nxt, prev)
 
+    def _matches_answer(
+        self, path: Path, json_path: str, steps: list[Any], shown: list[Any], total: int, budget: int
+    ) -> dict[str, Any]:
+        """What a wildcard or filter selected: the matches that fit, how many there are, and a next step
+        that reaches the rest."""
+        out: dict[str, Any] = {"json_path": json_path, "value": shown, "shown": len(shown), "total": total}
+        if len(shown) < total:
+            where = format_path(steps)
+            table = next((t for t in self._catalog(path, "json")[0] if t.source == where), None)
+            step = (
+                f"response_query(path='{id_of(path)}', sql='SELECT * FROM {sql_name(table.name)} LIMIT 100 OFFSET {len(shown)}')"
+                if table is not None
+                else f"response_compress(path='{id_of(path)}', mode='select_keys', json_path={where!r}, keys=[...])"
+            )
+            out["note"] = f"{len(shown)} of {total} matches shown (token budget {budget}); the rest: {step}"
+        return out
+
     def _bounded_slice(
-        self, json_path: str, steps: list[Any], remainder: str | None, stream: Any, count: int, budget: int
+        self, path: Path, json_path: str, steps: list[Any], remainder: str | None, stream: Any, count: int, budget: int
     ) -> dict[str, Any]:
         shown, used, more = [], 2, False
         for value in stream:
@@ -162,10 +186,11 @@ class Explorer:
                 break
             shown.append(value)
             used += c
-        if more and remainder is None:
+        if remainder is not None:
+            total = len(shown) + (1 + sum(1 for _ in stream) if more else 0)
+            return self._matches_answer(path, json_path, steps, shown, total, budget)
+        if more:
             shown.append(f"…(+{count - len(shown)} more items)")
-        elif more:
-            shown.append("…(more matches not shown)")
         return _slice_answer(json_path, steps, remainder, shown, more, format_path([*steps, 0]), budget)
 
     def search(self, args: Args, budget: int) -> dict[str, Any]:

@@ -6,8 +6,8 @@ import itertools
 from pathlib import Path
 from typing import Any
 
-from plugins.offload.json_file import items
-from plugins.offload.paths import PathError, ijson_prefix, type_name
+from plugins.offload.json_values import stream_array
+from plugins.offload.paths import PathError, type_name
 
 
 def compress(value: Any, mode: str, *, head: int, tail: int, max_length: int, keys: list[str] | None) -> Any:
@@ -46,7 +46,7 @@ def compress_stream(
     wanted: list[str] | None,
 ) -> Any:
     """The compressed items of a large array, one at a time (bounded memory)."""
-    stream = items(path, f"{ijson_prefix(keys)}.item" if keys else "item")
+    stream = stream_array(path, keys)
     if mode == "first_of_array":
         for item in itertools.islice(stream, 1):
             yield compress(item, mode, head=head, tail=tail, max_length=max_length, keys=wanted)

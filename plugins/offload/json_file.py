@@ -68,16 +68,17 @@ def items(path: Path, prefix: str) -> Any:
         yield from ijson.items(fh, prefix, use_float=True)
 
 
-def children(path: Path, steps: list[Any], array: bool) -> Iterator[tuple[Any, Any]]:
-    """(key or index, value) of each child of the array (or object) at `steps`, one at a time. Keys that
-    ijson's dotted prefixes cannot name (empty, with a dot) are followed event by event instead."""
+def children(path: Path, steps: list[Any], array: bool, by_prefix: bool) -> Iterator[tuple[Any, Any]]:
+    """(key or index, value) of each child of the array (or object) at `steps`, one at a time. Unless
+    ijson's dotted prefix names it exactly (`by_prefix`: no empty or dotted key on the way), the path is
+    followed event by event instead."""
     if is_small(path):
         value = parsed(path)
         for step in steps:
             value = value[step]
         yield from (value.items() if isinstance(value, dict) else enumerate(value))
         return
-    if all(isinstance(s, str) and s and "." not in s for s in steps):
+    if by_prefix:
         prefix = ".".join(steps)
         with open(path, "rb") as fh, valid_json():
             if array:

@@ -54,6 +54,7 @@ class Node:
     keys: list[str] = field(default_factory=list)
     value: Any = None
     samples: list[Any] = field(default_factory=list)
+    dotted: bool = False  # a key holds a dot or is empty: ijson's dotted prefixes are ambiguous below it
 
     @property
     def is_map(self) -> bool:
@@ -69,6 +70,19 @@ def outline(path: Path) -> dict[str, Any]:
     """Type, counts, structure and samples. Cached per file version; a caller that arrives while another
     computes it waits for that result instead of parsing again."""
     return _OUTLINES.get(path, lambda: _render(nodes(path), path))
+
+
+def prefix_is_safe(path: Path, steps: list[Step]) -> bool:
+    """Whether ijson's dotted prefix of `steps` (keys only) names exactly that part: no key on the way,
+    nor a sibling of one, is empty or holds a dot (`a.b` beside `a` -> `b`). Unknown parts are unsafe."""
+    if not all(isinstance(s, str) and s and "." not in s for s in steps):
+        return False
+    found = nodes(path)
+    for i in range(len(steps)):
+        node = found.get(tuple(steps[:i]))
+        if node is None or node.dotted:
+            return False
+    return True
 
 
 def warm_outline(path: Path) -> None:
@@ -92,8 +106,10 @@ def _tally(parent: Node, child_type: str, key: str | None) -> None:
     parent.count += 1
     parent.objects += child_type == "object"
     parent.arrays += child_type == "array"
-    if key is not None and len(parent.keys) < MAX_KEYS:
-        parent.keys.append(key)
+    if key is not None:
+        parent.dotted = parent.dotted or not key or "." in key
+        if len(parent.keys) < MAX_KEYS:
+            parent.keys.append(key)
 
 
 def _walk_small(value: Any) -> dict[tuple[Step, ...], Node]:

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from gateway.services.files import VersionedCache
-from plugins.offload.json_file import is_small, items, parsed
-from plugins.offload.json_outline import outline
+from plugins.offload.json_file import children, is_small, items, parsed
+from plugins.offload.json_outline import outline, prefix_is_safe
 from plugins.offload.paths import PathError, Step, compiled_jsonpath, format_path, ijson_prefix, parse_path, step_into
 
 
@@ -39,8 +39,7 @@ def _stream_index(path: Path, keys: list[str], index: int, rest: list[Step]) -> 
         if index < -count:
             raise PathError(f"index {index} is out of range at {format_path(where)}: the array has {count} items")
         index += count
-    prefix = f"{ijson_prefix(keys)}.item" if keys else "item"
-    found = _item(path, prefix, index)
+    found = _item(path, keys, index)
     if found is _MISSING:
         count = array_length(path, keys)
         if count is None:
@@ -63,14 +62,15 @@ WINDOW_BEFORE, WINDOW_AFTER = 10, 40
 _WINDOWS: VersionedCache[tuple[int, list[Any]]] = VersionedCache(max_items=16)
 
 
-def _item(path: Path, prefix: str, index: int) -> Any:
+def _item(path: Path, keys: list[str], index: int) -> Any:
     """Item `index` of the array at `prefix`. Streaming to it also keeps a window of its neighbours, so
     paging with next_path/prev_path costs one pass, not one per step."""
+    prefix = format_path(list(keys))
     window = _WINDOWS.peek(path, prefix)
     if window is not None and window[0] <= index < window[0] + len(window[1]):
         return window[1][index - window[0]]
     start = max(0, index - WINDOW_BEFORE)
-    found = list(itertools.islice(items(path, prefix), start, index + WINDOW_AFTER))
+    found = list(itertools.islice(stream_array(path, keys), start, index + WINDOW_AFTER))
     _WINDOWS.put(path, (start, found), prefix)
     return found[index - start] if index - start < len(found) else _MISSING
 
@@ -82,7 +82,10 @@ def _stream_value(path: Path, keys: list[str]) -> Any:
             f"the whole file is {info['size']} bytes; give a json_path below the root, e.g. "
             + ", ".join(repr(k) for k in (info.get("keys") or ["0"])[:3])
         )
-    found = next(items(path, ijson_prefix(keys)), _MISSING)
+    if prefix_is_safe(path, keys):
+        found = next(items(path, ijson_prefix(keys)), _MISSING)
+    else:  # a key ijson's dotted prefix cannot name exactly: follow the events
+        found = next((v for k, v in children(path, keys[:-1], False, False) if k == keys[-1]), _MISSING)
     if found is _MISSING:
         parent = keys[:-1]
         known = (outline(path)["structure"].get(format_path(parent) if parent else "$") or {}).get("keys")
@@ -160,7 +163,8 @@ def large_array(path: Path, steps: list[Step]) -> int | None:
 
 def stream_array(path: Path, keys: list[str]) -> Any:
     """The items of the array at `keys`, one at a time."""
-    yield from items(path, f"{ijson_prefix(keys)}.item" if keys else "item")
+    for _, item in children(path, keys, True, prefix_is_safe(path, keys)):
+        yield item
 
 
 _SLICE = re.compile(r"^\$\[-?\d*:")

@@ -52,6 +52,8 @@ def _temp(result: Path, what: str) -> Path:
 
 def _load(conn: Any, result: Path, kind: str, scratch: Path) -> list[Table]:
     """Every table of the result, by its shape."""
+    import duckdb
+
     tables: list[Table] = []
     if kind == "json":
         try:
@@ -62,7 +64,10 @@ def _load(conn: Any, result: Path, kind: str, scratch: Path) -> list[Table]:
     if table_jsonl.detect(result):
         tables.append(table_jsonl.load(conn, result))
     elif (sep := table_csv.dialect(result)) is not None:
-        tables.append(table_csv.load(conn, result, sep))
+        try:
+            tables.append(table_csv.load(conn, result, sep))
+        except duckdb.Error as exc:  # not UTF-8, rows of other widths further down: lines still answer
+            log.info("%s reads as CSV at first but not as a table: %s", result.name, str(exc).splitlines()[0])
     tables.append(table_lines.load(conn, result, scratch))
     return tables
 

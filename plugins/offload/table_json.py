@@ -20,6 +20,7 @@ from plugins.offload.paths import Step, format_path
 from plugins.offload.table_jsonl import object_size
 from plugins.offload.tables import MAIN, Names, Table, quote, unique_column, untangle
 
+SMALL_MAP = 4  # a small object is a table too when all of its (at least this many) values are objects
 DOC_BYTES = 16 * 1024 * 1024  # documents up to this size are also one JSON value in `doc`
 _KEY = "__ctx_entry_key__"  # the key column while loading; renamed once the value's fields are known
 
@@ -34,7 +35,7 @@ def candidates(path: Path) -> list[tuple[tuple[Step, ...], bool, int]]:
             continue  # an entry of a map is a row, not a table
         if node.type == "array" and node.count and node.objects * 2 >= node.count:
             out.append((steps, True, node.count))
-        elif node.is_map:
+        elif node.is_map or (node.type == "object" and node.count >= SMALL_MAP and node.objects == node.count):
             out.append((steps, False, node.count))
     out.sort(key=lambda c: (-c[2], len(c[0])))
     return out
@@ -60,7 +61,7 @@ def load(conn: Any, path: Path, scratch: Path) -> list[Table]:
 def _load_part(conn: Any, path: Path, steps: list[Step], is_array: bool, name: str, scratch: Path) -> Table:
     longest, skipped, fields = 0, 0, set()
     with open(scratch, "w", encoding="utf-8") as fh:
-        for key, value in children(path, steps, is_array):
+        for key, value in children(path, steps, is_array, json_outline.prefix_is_safe(path, steps)):
             if is_array:
                 if not isinstance(value, dict):
                     skipped += 1

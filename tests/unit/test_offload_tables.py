@@ -1,0 +1,128 @@
+"""The loaders of response_query, one per shape, on real DuckDB files: typing, names, keys, lines."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import duckdb
+import pytest
+
+import plugins.offload.json_outline as json_outline
+import plugins.offload.query as query
+from plugins.offload.json_values import resolve
+from plugins.offload.tables import quote
+
+
+def _tables(path: Path, kind: str) -> dict[str, query.Table]:
+    return {t.name: t for t in query.build(path, kind)}
+
+
+def _sql(path: Path, sql: str) -> list[tuple]:
+    with duckdb.connect(str(query.db_path(path)), read_only=True) as conn:
+        return conn.execute(sql).fetchall()
+
+
+def test_csv_missing_spellings_types_and_a_flagged_text_column(tmp_path: Path) -> None:
+    path = tmp_path / "r.txt"
+    path.write_text(
+        "id,score,when,zip,note,price,ok\r\n"
+        '1,3.5,2024-01-02,00501,"a, quoted",12,true\r\n'
+        "2,NA,2024-01-03,10001,N/A,n/a,false\r\n"
+        "3,,2024-01-04,02134,None,about 7,TRUE\r\n"
+        "4,-,NaN,90210,x,8,\r\n"
+        "5,4,null,30301,y,9,false\r\n"
+    )
+    tables = _tables(path, "text")
+    types = {c["name"]: c["type"] for c in tables["items"].columns}
+    assert types == {
+        "id": "BIGINT",
+        "score": "DOUBLE",
+        "when": "DATE",
+        "zip": "VARCHAR",  # leading zeros: an identifier, not a number
+        "note": "VARCHAR",
+        "price": "VARCHAR",  # "about 7" keeps it text...
+        "ok": "BOOLEAN",
+    }
+    assert any('"price" is text' in n and "TRY_CAST" in n for n in tables["items"].notes)  # ...and says so
+    assert _sql(path, 'SELECT count(score), avg(score), count("when") FROM items') == [(2, 3.75, 3)]
+    assert _sql(path, "SELECT note FROM items ORDER BY id") == [("a, quoted",), (None,), ("None",), ("x",), ("y",)]
+    assert _sql(path, "SELECT zip FROM items WHERE id = 1") == [("00501",)]
+
+
+def test_json_names_never_clash_and_items_is_the_largest(tmp_path: Path) -> None:
+    doc = {
+        "items": [{"v": 1}, {"v": 2}],
+        "data": [{"v": i} for i in range(50)],
+        "a.b": [{"w": 1}] * 3,
+        "a_b": [{"w": 2}] * 4,
+        "select": {f"k{i}": {"n": i, "key": "field named key"} for i in range(20)},
+        "2024": {f"d{i}": i for i in range(15)},
+    }
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(doc))
+    tables = _tables(path, "json")
+    by_source = {t.source: name for name, t in tables.items()}
+    assert by_source["data"] == "items"  # the largest, not the key literally named items
+    assert len({by_source[s] for s in ("items", '["a.b"]', "a_b", "select", '["2024"]')}) == 5
+    counts = {s: _sql(path, f"SELECT count(*) FROM {quote(by_source[s])}")[0][0] for s in by_source if s != "$"}
+    assert counts["items"] == 2 and counts['["a.b"]'] == 3 and counts["a_b"] == 4 and counts["select"] == 20
+    select = tables[by_source["select"]]
+    assert select.key_column == "_key"  # the values have a field named key: the entry's key gives way
+    assert _sql(path, f'SELECT "_key", n, "key" FROM {quote(select.name)} WHERE n = 3') == [
+        ("k3", 3, "field named key")
+    ]
+    assert _sql(path, f"SELECT sum(value) FROM {quote(by_source[chr(91) + chr(34) + '2024' + chr(34) + chr(93)])}")[0][
+        0
+    ] == sum(range(15))
+
+
+def test_mixed_types_become_text_and_nothing_tabular_still_has_doc(tmp_path: Path) -> None:
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps([{"title": "Up"}, {"title": 1776}, {"title": None}]))
+    assert "items" in _tables(path, "json")
+    assert _sql(path, "SELECT title FROM items") == [("Up",), ("1776",), (None,)]
+    flat = tmp_path / "flat.json"
+    flat.write_text(json.dumps({"name": "x", "version": "1.0", "nested": {"deep": [1, 2, 3]}}))
+    assert list(_tables(flat, "json")) == ["doc"]
+    assert _sql(flat, "SELECT json_array_length(json, '$.nested.deep') FROM doc") == [(3,)]
+
+
+@pytest.mark.parametrize("small", [True, False])
+def test_outline_paths_with_odd_keys(tmp_path: Path, small: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    if not small:  # the streamed walk must see the same parts as the in-memory one
+        monkeypatch.setattr(json_outline, "is_small", lambda _: False)
+        import plugins.offload.json_values as json_values
+
+        monkeypatch.setattr(json_values, "is_small", lambda _: False)
+    doc = {"": {"root-package": True}, "a.b": {"c": 1}, "a": {"b": {"c": 2}}, "한글": [{"x": 1}]}
+    path = tmp_path / f"odd{small}.json"
+    path.write_text(json.dumps(doc, ensure_ascii=False))
+    info = json_outline.outline(path)
+    assert info["structure"]['[""]'] == {"type": "object", "keys": ["root-package"]}
+    assert info["structure"]["$"]["keys"] == ["", "a.b", "a", "한글"]
+    assert info["itemCount"] == {'["한글"]': 1}
+    assert resolve(path, '[""].root-package')[0] is True
+    assert resolve(path, '["a.b"].c')[0] == 1 and resolve(path, "a.b.c")[0] == 2
+
+
+def test_map_outline_is_counted_and_collapsed(tmp_path: Path) -> None:
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps({"meta": {"n": 1}, "paths": {f"/p{i}": {"get": {"id": i}} for i in range(600)}}))
+    info = json_outline.outline(path)
+    assert info["itemCount"]["paths"] == 600
+    assert info["structure"]["paths"]["entries"] == 600
+    assert not any(k.startswith("paths[") for k in info["structure"])  # entries are rows, not parts
+    assert len(json.dumps(info)) < 3000
+
+
+def test_lines_are_numbered_as_grep_does(tmp_path: Path) -> None:
+    path = tmp_path / "t.txt"
+    path.write_bytes(b"one\r\ntwo\rstill two\r\n\nfive\x1e\xff\n")
+    query.build(path, "text")
+    assert _sql(path, "SELECT n, text FROM lines ORDER BY n") == [
+        (1, "one"),
+        (2, "two\rstill two"),
+        (3, ""),
+        (4, "five\x1e\ufffd"),  # invalid UTF-8 as every other tool decodes it
+    ]
