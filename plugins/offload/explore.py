@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from plugins.offload.json_file import BrokenJSON, is_small
 from plugins.offload.paths import format_path, parse_path
 from plugins.offload.tables import MAIN, Table, sql_name
 
+_NOTED_COLUMN = re.compile(r'column "((?:[^"]|"")*)"')
 MODES = ("first_of_array", "sample_array", "truncate_strings", "keys_only", "select_keys")
 
 
@@ -273,7 +275,21 @@ class Explorer:
                     used += c
         except query.QueryError as exc:
             raise ToolInputError(f"response_query: {exc}. Tables: {', '.join(self.tables(path, kind))}") from None
-        return {"columns": columns, "rows": shown, "row_count": len(shown)}
+        out: dict[str, Any] = {"columns": columns, "rows": shown, "row_count": len(shown)}
+        if warnings := self._caveats(path, kind, sql):
+            out["note"] = "; ".join(warnings)
+        return out
+
+    def _caveats(self, path: Path, kind: str, sql: str) -> list[str]:
+        """What the query touches that the loader could not be sure of (a column left as text although
+        it looks numeric): said with the answer, so no ORDER BY over text passes unremarked."""
+        lowered = sql.lower()
+        return [
+            note
+            for table in self._catalog(path, kind)[0]
+            for note in table.notes
+            if (named := _NOTED_COLUMN.match(note)) and named.group(1).replace('""', '"').lower() in lowered
+        ]
 
     def _rows_saved(
         self, columns: list[str], shown: list[Any], first_left: list[Any], rest: Any, max_tokens: int

@@ -21,9 +21,11 @@ from gateway.services.responses import ResponseStore, Saved, open_command, respo
 from gateway.services.text import human_size
 from plugins.offload.json_file import BrokenJSON, is_small
 from plugins.offload.json_outline import outline, warm_outline
+from plugins.offload.tables import BRIEF_COLUMNS, brief
 
 INLINE_KEYS = 10
 INLINE_COLUMNS = 60
+TABLES_WAIT = 2.0  # seconds the fileRef waits for the tables of a large result
 HEAD_BYTES = 256 * 1024
 MAX_LISTED_FILES = 6
 
@@ -149,36 +151,57 @@ def _save_text(store: ResponseStore, stem: str, text: str) -> Saved:
 
 
 def inline_outline(saved: Saved) -> dict[str, Any]:
-    """A few lines of outline for the fileRef reply: cheap even for a huge file."""
+    """A few lines of outline for the fileRef reply, and the tables a query can use at once (their
+    columns named, so a first query needs no look): cheap even for a huge file."""
     if saved.kind == "binary":
         return {"type": "binary", "mime": saved.mime}
-    if saved.kind == "text":
-        query.warm(saved.path, "text")  # the tables are ready by the model's next call
-        if (sep := table_csv.dialect(saved.path)) is not None:  # the header whole: it names the columns
-            columns = table_csv.header(saved.path, sep)
-            out: dict[str, Any] = {"type": "csv", "columns": columns[:INLINE_COLUMNS], "tables": ["items", "lines"]}
-            if len(columns) > INLINE_COLUMNS:
-                out["moreColumns"] = len(columns) - INLINE_COLUMNS
-            return out
-        with open(saved.path, encoding="utf-8", errors="replace") as fh:
-            head = [line for _, line in zip(range(3), fh, strict=False)]
-        return {"type": "text", "firstLines": textfile.head_preview("".join(head))}
-    query.warm(saved.path, "json")  # the tables for response_query
-    if is_small(saved.path):
-        try:
-            full = outline(saved.path)
-        except BrokenJSON as exc:
-            return {"type": "text", "note": f"looks like JSON but {exc}"}
-        out = {"type": full["type"]}
-        if "keys" in full:
-            out["keys"] = full["keys"][:INLINE_KEYS]
-            if len(full["keys"]) > INLINE_KEYS or "keyCount" in full:
-                out["keyCount"] = full.get("keyCount", len(full["keys"]))
-        counts = {k: v for k, v in full["itemCount"].items() if k.count(".") <= 1}
-        out["itemCount"] = dict(itertools.islice(counts.items(), 5))
+    converting = query.warm(saved.path, saved.kind)
+    out = _text_outline(saved) if saved.kind == "text" else _json_outline(saved)
+    converting.join(TABLES_WAIT)
+    if converting.is_alive():
+        out["tables"] = "being prepared; response_outline lists them"
         return out
-    warm_outline(saved.path)  # counts and samples are ready by the model's next call
-    return _head_outline(saved.path)
+    try:
+        tables = query.build(saved.path, saved.kind)  # ready: cached
+    except Exception as exc:  # the first query will say why
+        out["tables"] = f"none ({str(exc).splitlines()[0][:120]})"
+        return out
+    if out["type"] == "csv":  # the main table's line names every column: the header is not repeated
+        out.pop("columns", None)
+        out.pop("moreColumns", None)
+    out["tables"] = {t.name: brief(t, INLINE_COLUMNS if out["type"] == "csv" else BRIEF_COLUMNS) for t in tables}
+    if notes := [n for t in tables for n in t.notes if n.startswith("column ")]:
+        out["notes"] = notes[:4]
+    return out
+
+
+def _text_outline(saved: Saved) -> dict[str, Any]:
+    if (sep := table_csv.dialect(saved.path)) is not None:  # the header whole: it names the columns
+        columns = table_csv.header(saved.path, sep)
+        out: dict[str, Any] = {"type": "csv", "columns": columns[:INLINE_COLUMNS]}
+        if len(columns) > INLINE_COLUMNS:
+            out["moreColumns"] = len(columns) - INLINE_COLUMNS
+        return out
+    with open(saved.path, encoding="utf-8", errors="replace") as fh:
+        head = [line for _, line in zip(range(3), fh, strict=False)]
+    return {"type": "text", "firstLines": textfile.head_preview("".join(head))}
+
+
+def _json_outline(saved: Saved) -> dict[str, Any]:
+    if not is_small(saved.path):
+        warm_outline(saved.path)  # counts and samples are ready by the model's next call
+        return _head_outline(saved.path)
+    try:
+        full = outline(saved.path)
+    except BrokenJSON as exc:
+        return {"type": "text", "note": f"looks like JSON but {exc}"}
+    out: dict[str, Any] = {"type": full["type"]}
+    if "keys" in full:
+        out["keys"] = full["keys"][:INLINE_KEYS]
+        if len(full["keys"]) > INLINE_KEYS or "keyCount" in full:
+            out["keyCount"] = full.get("keyCount", len(full["keys"]))
+    out["itemCount"] = dict(itertools.islice(full["itemCount"].items(), 5))
+    return out
 
 
 # -- the exploration tools -----------------------------------------------------------------------

@@ -98,7 +98,7 @@ def build(result: Path, kind: str) -> list[Table]:
     return _TABLES.get(result, make)
 
 
-def warm(result: Path, kind: str) -> None:
+def warm(result: Path, kind: str) -> threading.Thread:
     """Convert a large result in the background right after the offload, so the first query finds it ready
     (a query that comes meanwhile waits for this conversion instead of starting another)."""
 
@@ -110,7 +110,9 @@ def warm(result: Path, kind: str) -> None:
 
     # not a daemon: DuckDB aborts the whole process (exit 134) when a daemon thread inside it is killed at
     # interpreter exit; the exit waits for the conversion instead
-    threading.Thread(target=convert, name=f"duckdb:{result.name}", daemon=False).start()
+    thread = threading.Thread(target=convert, name=f"duckdb:{result.name}", daemon=False)
+    thread.start()
+    return thread
 
 
 @contextmanager

@@ -35,6 +35,18 @@ class Table:
         return out
 
 
+BRIEF_COLUMNS = 16
+
+
+def brief(table: Table, columns: int = BRIEF_COLUMNS) -> str:
+    """One line for a fileRef: rows, where from, the columns a first query needs."""
+    names = [c["name"] for c in table.columns]
+    shown = ", ".join(names[:columns]) + (f", … (+{len(names) - columns})" if len(names) > columns else "")
+    where = "" if table.source.startswith(("CSV", "text lines", "JSON lines", "whole")) else f" from {table.source}"
+    key = f", key column {table.key_column}" if table.key_column else ""
+    return f"{table.rows} rows{where}{key}: {shown}"
+
+
 def quote(name: str) -> str:
     """A SQL identifier, always quoted: a key named `select`, `2024` or `a.b` is a column like any other."""
     return '"' + name.replace('"', '""') + '"'
