@@ -18,12 +18,16 @@ import plugins.offload.textfile as textfile
 from gateway.args import Args, ToolInputError
 from gateway.services.responses import ResponseStore, id_of, open_command, saved_kind
 from gateway.services.text import human_size
-from gateway.services.tokens import estimate_tokens
-from plugins.offload.fit import cost, fit
+from plugins.offload.fit import cost, fit, longest_prefix, take_within
 from plugins.offload.json_file import BrokenJSON, is_small
 from plugins.offload.paths import format_path, parse_path
 from plugins.offload.tables import MAIN, Table, sql_name
 
+# what a reply holds besides the cut list (its other keys), in tokens
+LINES_FRAME = 70  # start/end/total, next/prev, a note
+SLICE_FRAME = 90  # json_path, shown/total or the marker, a note with a next step
+ROWS_FRAME = 20  # columns' frame, row_count
+ROWS_NOTE = 110  # the note and the fileRef of a cut answer
 _NOTED_COLUMN = re.compile(r'column "((?:[^"]|"")*)"')
 MODES = ("first_of_array", "sample_array", "truncate_strings", "keys_only", "select_keys")
 
@@ -118,14 +122,10 @@ class Explorer:
             lines, total = textfile.lines(path, start, end)
             if not lines:
                 raise ToolInputError(f"response_slice: the file has {total} lines; start_line {start} is past the end")
-            shown = []
-            used = 0
-            for line in lines:
-                c = estimate_tokens(line) + 2
-                if used + c > budget and shown:
-                    break
-                shown.append(line if c <= budget else line[: budget * 2] + "…(line cut)")
-                used += c
+            room = budget - LINES_FRAME
+            shown = lines[: longest_prefix(len(lines), lambda n: cost(lines[:n]), room)]
+            if not shown:  # one line longer than the budget: its start
+                shown = [fit(lines[0], room)[0]]
             last = start + len(shown) - 1
             out: dict[str, Any] = {"start_line": start, "end_line": last, "total_lines": total, "lines": shown}
             if last < total:
@@ -180,16 +180,10 @@ class Explorer:
     def _bounded_slice(
         self, path: Path, json_path: str, steps: list[Any], remainder: str | None, stream: Any, count: int, budget: int
     ) -> dict[str, Any]:
-        shown, used, more = [], 2, False
-        for value in stream:
-            c = cost(value) + 1
-            if used + c > budget:
-                more = True
-                break
-            shown.append(value)
-            used += c
+        shown, read, unread = take_within(stream, budget - SLICE_FRAME)
+        more = unread or len(read) > len(shown)
         if remainder is not None:
-            total = len(shown) + (1 + sum(1 for _ in stream) if more else 0)
+            total = len(read) + (sum(1 for _ in stream) if unread else 0)
             return self._matches_answer(path, json_path, steps, shown, total, budget)
         if more:
             shown.append(f"…(+{count - len(shown)} more items)")
@@ -265,14 +259,12 @@ class Explorer:
             self._refuse_binary(path, "response_query")
         try:
             with query.execute(path, kind, sql) as (columns, rows):
-                shown: list[Any] = []
-                used = cost(columns) + 20
-                for row in rows:
-                    c = cost(row) + 1
-                    if used + c > max_tokens:
-                        return self._rows_saved(columns, shown, row, rows, max_tokens)
-                    shown.append(row)
-                    used += c
+                room = max_tokens - cost(columns) - ROWS_FRAME
+                first, rest = itertools.tee(rows)
+                shown, read, unread = take_within(first, room)
+                if unread or len(read) > len(shown):  # the note and the fileRef need room too
+                    shown = shown[: longest_prefix(len(shown), lambda n: cost(shown[:n]), room - ROWS_NOTE)]
+                    return self._rows_saved(columns, shown, rest, max_tokens)
         except query.QueryError as exc:
             raise ToolInputError(f"response_query: {exc}. Tables: {', '.join(self.tables(path, kind))}") from None
         out: dict[str, Any] = {"columns": columns, "rows": shown, "row_count": len(shown)}
@@ -291,9 +283,7 @@ class Explorer:
             if (named := _NOTED_COLUMN.match(note)) and named.group(1).replace('""', '"').lower() in lowered
         ]
 
-    def _rows_saved(
-        self, columns: list[str], shown: list[Any], first_left: list[Any], rest: Any, max_tokens: int
-    ) -> dict[str, Any]:
+    def _rows_saved(self, columns: list[str], shown: list[Any], every_row: Any, max_tokens: int) -> dict[str, Any]:
         """Rows beyond the budget: every row of the answer saved as a new result (an array of records,
         so response_query on it has them as `items`), counted while it is written."""
         names = _unique_names(columns)
@@ -302,7 +292,7 @@ class Explorer:
         def chunks() -> Any:
             nonlocal total
             yield "["
-            for row in itertools.chain(shown, [first_left], rest):
+            for row in every_row:
                 yield ("," if total else "") + json.dumps(dict(zip(names, row, strict=True)), ensure_ascii=False)
                 total += 1
             yield "]"

@@ -108,9 +108,9 @@ def _replace(
     ref["openCmd"] = open_command(primary.path)
     what = "error output" if result.is_error else "result"
     if cost.size > max_size or cost.tokens > max_tokens:
+        # size and tokens stand above: the message says only what to do
         ref["message"] = (
-            f"The tool's {what} ({human_size(cost.size)}, ~{cost.tokens} tokens) is too large for the context; "
-            "saved to a file. Explore it in small pieces; do not read the whole file."
+            f"The tool's {what} is too large for the context; saved to a file. Query or explore it in pieces; do not read it whole."
         )
     else:  # the server's config saves every result of this tool (offload = "always")
         ref["message"] = (
