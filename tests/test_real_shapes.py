@@ -163,6 +163,16 @@ async def test_api_model_maps_and_doc(gateway: Any) -> None:
     inputs = sorted((k, v["input"]["shape"]) for k, v in model["operations"].items() if "input" in v)
     got = await gateway.sql(rid, f"SELECT key, input.shape FROM {operations} WHERE input IS NOT NULL ORDER BY 1")
     assert [tuple(r) for r in got] == inputs
+    # arrays inside the records: reachable, and the outline shows how
+    assert any("unnest(" in h for h in outline["compressionHints"])
+    needs_role = sum("RoleArn" in s.get("required", []) for s in model["shapes"].values())
+    assert await gateway.sql(rid, "SELECT count(*) FROM items WHERE list_contains(required, 'RoleArn')") == [
+        [needs_role]
+    ]
+    members = sum(len(s.get("members", {})) for s in model["shapes"].values())
+    unnested = "SELECT count(*) FROM (SELECT unnest(map_keys(members)) FROM items WHERE members IS NOT NULL)"
+    got_members = await gateway.sql(rid, unnested)
+    assert got_members == [[members]]
     # what no table holds, doc answers with DuckDB's JSON functions
     version = await gateway.sql(rid, "SELECT json->>'$.metadata.apiVersion' FROM doc")
     assert version == [[model["metadata"]["apiVersion"]]]
