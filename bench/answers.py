@@ -4,6 +4,7 @@ then compute).
 
     python bench/answers.py            # installs what is missing under ~/.cache/ctx-answers, then runs
     python bench/answers.py --only ours --task penguins_top_n15 -v
+    python bench/answers.py --only ours --source /tmp/old-checkout   # another version of the gateway
 
 The data is real and public, and nobody here wrote it: palmerpenguins (PyPI: R's NA, quoted commas,
 dates), vega-datasets (npm: airports with NA, bird strikes with CRLF ends and empty fields, weather, movies
@@ -64,6 +65,7 @@ JMUNCH = CACHE / "jmunch" / "bin" / "jmunch-mcp"
 NPM_DATA = CACHE / "data-npm"
 FILESYSTEM = NPM_DATA / "node_modules" / ".bin" / "mcp-server-filesystem"
 CALL_SECONDS = 120
+SOURCE = ""  # --source: run the gateway from another checkout (to compare two versions)
 
 
 # -- setup: everything installs by package name from the registries, into the bench cache -------------
@@ -765,6 +767,8 @@ class Ours(System):
             f"[gateway]\nworkspace = {json.dumps(str(self.work / 'ws'))}\n\n"
             f"[servers.fs]\ncommand = {json.dumps(str(FILESYSTEM))}\nargs = [{json.dumps(str(DATA))}]\n"
         )
+        if SOURCE:  # another checkout: `python -m` started in it runs that code
+            return sys.executable, ["-m", "gateway", "serve", "--config", str(config)], {"PYTHONPATH": SOURCE}, SOURCE
         gateway = str(Path(sys.executable).parent / "mcp-context-gateway")
         return gateway, ["serve", "--config", str(config)], None, None
 
@@ -773,12 +777,12 @@ class Ours(System):
         reply = json.loads(read.content[0].text)
         ref, tables = reply["fileRef"]["id"], reply["outline"].get("tables")
         if not isinstance(tables, dict):  # one look, when the fileRef does not yet name the tables
-            tables = {
-                t["table"]: t
-                for t in (await self.call(session, out, "response_outline", {"path": ref})).structured_content.get(
-                    "tables", []
-                )
-            }
+            looked = await self.call(session, out, "response_outline", {"path": ref})
+            listed = (looked.structured_content or {}).get("tables") or []
+            tables = (
+                {t["table"]: t for t in listed if isinstance(t, dict)} if isinstance(listed, list) else dict(listed)
+            )
+
         sql = re.sub(r"\{key:(\w+)\}", lambda m: _key_column(tables.get(m.group(1))), task.sql)
         result = await self.call(session, out, "response_query", {"path": ref, "sql": sql})
         return reply_text(result)
@@ -904,6 +908,8 @@ if __name__ == "__main__":
     parser.add_argument("--only", action="append", choices=list(SYSTEMS), help="run these systems only")
     parser.add_argument("--task", action="append", default=[], help="run these questions only")
     parser.add_argument("-v", "--verbose", action="store_true", help="print each answer as it comes")
+    parser.add_argument("--source", default="", help="run our gateway from this checkout instead")
     parsed = parser.parse_args()
+    SOURCE = parsed.source
     setup()
     anyio.run(main, parsed.only or list(SYSTEMS), parsed.task, parsed.verbose)
