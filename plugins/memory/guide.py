@@ -16,7 +16,7 @@ notes and the best matches.
 2. Big tool results. A result too large for the window comes back as a fileRef (id resp_...). Do not read \
 the file whole. Call response_outline(path=id) first; then response_slice for one value (json_path like \
 data.0.name) or a line range, response_search for records or lines with given words, response_compress for \
-a smaller view (sample_array, select_keys, keys_only, ...). Follow next_path to page. To count, sum or group the whole result, ask response_query(path=id, sql=...): DuckDB SQL over the table items (the largest array of objects; nested fields as customer.city, lists with list_contains) or lines(n, text) for logs; response_outline lists the tables and gives example queries. Only answers come back, cut to a budget.
+a smaller view (sample_array, select_keys, keys_only, ...). Follow next_path to page. To count, sum or group the whole result, ask response_query(path=id, sql=...): DuckDB SQL over the tables the fileRef names: items (the largest array of records, object keyed by name with its key column, CSV with typed columns and NA as NULL, or JSON Lines; nested fields as customer.city, lists with list_contains or unnest), other parts by path, doc (the whole JSON) and lines(n, text) for any text, numbered as grep -n; response_outline profiles the columns and gives example queries. Only answers come back, cut to a budget.
 
 3. Big documents. doc_ingest(file_path or text) splits a document by its headings; doc_search(query) finds \
 the relevant chunks; doc_window(doc_id, start, end) reads consecutive chunks. Offloaded text results can be \

@@ -211,7 +211,7 @@ class OffloadPlugin(Plugin):
             ),
             tool(
                 "response_query",
-                "DuckDB SQL over a whole offloaded result (tables: items, lines(n, text); see response_outline).",
+                "DuckDB SQL over a whole offloaded result (its tables are named in the fileRef and response_outline).",
                 handle(lambda e: e.query),
                 path | {"sql": {"type": "string"}, "max_tokens": {"type": "integer"}},
                 ["path", "sql"],

@@ -9,7 +9,6 @@ already taken (a key literally named `items`, `a.b` beside `a_b`) gets a number,
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -88,16 +87,3 @@ def _load_part(conn: Any, path: Path, steps: list[Step], is_array: bool, name: s
     if skipped:
         table.notes.append(f"{skipped} items of the array are not objects and have no row")
     return table
-
-
-def doc_hint(outline: dict[str, Any]) -> str:
-    """A query on `doc` that fits this document: count the entries of its largest part."""
-    counts = outline.get("itemCount") or {}
-    part = next(iter(counts), None)
-    if part is None:
-        return "SELECT json_keys(json) FROM doc"
-    pointer = "$" if part == "$" else "$" + ("" if part.startswith("[") else ".") + part
-    structure = outline.get("structure", {}).get(part, {})
-    if structure.get("type") == "array":
-        return f"SELECT json_array_length(json, {json.dumps(pointer)[1:-1]!r}) FROM doc"
-    return f"SELECT len(json_keys(json, {json.dumps(pointer)[1:-1]!r})) FROM doc"
