@@ -264,7 +264,15 @@ class Explorer:
                 shown, read, unread = take_within(first, room)
                 if unread or len(read) > len(shown):  # the note and the fileRef need room too
                     shown = shown[: longest_prefix(len(shown), lambda n: cost(shown[:n]), room - ROWS_NOTE)]
-                    return self._rows_saved(columns, shown, rest, max_tokens)
+                    answer = self._rows_saved(columns, shown, rest, max_tokens)
+                    if rows.capped:  # the answer is larger than a reply may read back
+                        answer["row_count"] = f"more than {answer['row_count']}"
+                        answer["note"] = (
+                            f"the answer is larger than {human_size(query.ANSWER_BYTES)}: its first "
+                            f"{answer['fileRef']['rows']} rows are in the fileRef; narrow it (WHERE, aggregate, "
+                            "LIMIT/OFFSET) to read the rest"
+                        )
+                    return answer
         except query.QueryError as exc:
             raise ToolInputError(f"response_query: {exc}. Tables: {', '.join(self.tables(path, kind))}") from None
         out: dict[str, Any] = {"columns": columns, "rows": shown, "row_count": len(shown)}

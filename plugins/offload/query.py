@@ -141,18 +141,38 @@ def execute(result: Path, kind: str, sql: str) -> Iterator[tuple[list[str], Iter
                 raise QueryError("the statement returned no rows; only queries (SELECT, WITH ...) answer")
             columns = [d[0] for d in cursor.description]
 
-        def rows() -> Iterator[list[Any]]:
-            with _duckdb_errors():
-                while batch := cursor.fetchmany(FETCH_BATCH):
-                    yield from json.loads(dumps(batch))
-
-        yield columns, rows()
+        yield columns, Rows(cursor)
     finally:
         timer.cancel()
         conn.close()
 
 
-FETCH_BATCH = 2000
+ANSWER_BYTES = 64 * 1024 * 1024  # what one answer may read back from DuckDB, as JSON
+BATCH_BYTES = 2 * 1024 * 1024  # the size a fetch aims at (rows of unknown width: measured as they come)
+
+
+class Rows:
+    """The rows of a query as JSON values, fetched in batches sized by the bytes of the rows already seen,
+    and no more than ANSWER_BYTES in all: a query whose rows are huge (`repeat('x', 10000000)`) is read
+    a few rows at a time and stops at the cap instead of filling the memory. `capped` tells that rows
+    were left unread."""
+
+    def __init__(self, cursor: Any):
+        self.cursor = cursor
+        self.capped = False
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        batch_rows, fetched = 1, 0  # the first row tells how wide they are
+        with _duckdb_errors():
+            while batch := self.cursor.fetchmany(batch_rows):
+                text = dumps(batch)
+                fetched += len(text)
+                yield from json.loads(text)
+                if fetched >= ANSWER_BYTES:
+                    self.capped = bool(self.cursor.fetchmany(1))
+                    return
+                per_row = max(1, len(text) // len(batch))
+                batch_rows = max(1, min(10_000, BATCH_BYTES // per_row, (ANSWER_BYTES - fetched) // per_row + 1))
 
 
 @contextmanager

@@ -1,0 +1,41 @@
+"""response_query's answers: every row saved when they do not fit, and never more than a reply may read."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import plugins.offload.query as query
+from gateway.args import Args
+from gateway.services.responses import ResponseStore
+from plugins.offload.explore import Explorer
+
+
+@pytest.fixture
+def explorer(tmp_path: Path) -> tuple[Explorer, str]:
+    store = ResponseStore(tmp_path)
+    saved = store.save_text("t", json.dumps([{"id": i} for i in range(10)]), "json")
+    return Explorer(store), saved.id
+
+
+def _ask(explorer: tuple[Explorer, str], sql: str, max_tokens: int = 300) -> dict:
+    tool, rid = explorer
+    return tool.query(Args({"path": rid, "sql": sql, "max_tokens": max_tokens}, "t"), max_tokens)
+
+
+def test_rows_beyond_the_budget_are_all_saved(explorer: tuple[Explorer, str]) -> None:
+    answer = _ask(explorer, "SELECT i, i * 2 AS twice FROM range(20000) t(i) -- a comment at the end")
+    assert answer["row_count"] == 20000 and len(answer["rows"]) < 100
+    tool, _ = explorer
+    saved = _ask((tool, answer["fileRef"]["id"]), "SELECT count(*), max(i), sum(twice) FROM items")
+    assert saved["rows"] == [[20000, 19999, 2 * sum(range(20000))]]
+
+
+def test_huge_rows_stop_at_the_answer_cap(explorer: tuple[Explorer, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(query, "ANSWER_BYTES", 4 * 1024 * 1024)
+    answer = _ask(explorer, "SELECT i, repeat('x', 500000) AS s FROM range(1000) t(i)")
+    assert str(answer["row_count"]).startswith("more than ") and "larger than 4.0 MB" in answer["note"]
+    saved = Path(answer["fileRef"]["path"])
+    assert saved.stat().st_size < 6 * 1024 * 1024  # 1,000 rows of 0.5 MB were never all read
