@@ -25,7 +25,8 @@ from plugins.offload.tables import BRIEF_COLUMNS, brief
 
 INLINE_KEYS = 10
 INLINE_COLUMNS = 60
-TABLES_WAIT = 2.0  # seconds the fileRef waits for the tables of a large result
+TABLES_WAIT = 2.0  # seconds the fileRef waits at most for the tables of a result...
+TABLES_WAIT_BYTES = 16 * 1024 * 1024  # ...up to this size; a larger one answers at once
 HEAD_BYTES = 256 * 1024
 MAX_LISTED_FILES = 6
 
@@ -157,7 +158,8 @@ def inline_outline(saved: Saved) -> dict[str, Any]:
         return {"type": "binary", "mime": saved.mime}
     converting = query.warm(saved.path, saved.kind)
     out = _text_outline(saved) if saved.kind == "text" else _json_outline(saved)
-    converting.join(TABLES_WAIT)
+    if saved.size <= TABLES_WAIT_BYTES:  # a conversion of a few MB takes well under a second
+        converting.join(TABLES_WAIT)
     if converting.is_alive():
         out["tables"] = "being prepared; response_outline lists them"
         return out

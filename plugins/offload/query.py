@@ -31,7 +31,7 @@ from plugins.offload.tables import Table, profile
 log = logging.getLogger("plugins.offload")
 QUERY_SECONDS = 20.0
 MEMORY_LIMIT = "1GB"
-BUILD_MEMORY_LIMIT = "256MB"
+BUILD_MEMORY_LIMIT = "128MB"  # the buffers of the JSON reader are sized to the longest record
 THREADS = 2
 _TABLES: VersionedCache[list[Table]] = VersionedCache(max_items=32)
 _BUILD_LOCK = threading.Lock()
