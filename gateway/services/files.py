@@ -107,6 +107,12 @@ class VersionedCache(Generic[T]):
             ):
                 self._items.popitem(last=False)
 
+    def forget(self, path: Path, sub: Hashable = None) -> None:
+        """Drop the value of the file's current version (what it was computed from went bad)."""
+        key = (file_version(path), sub)
+        with self._lock:
+            self._items.pop(key, None)
+
     def clear(self) -> None:
         with self._lock:
             self._items.clear()

@@ -14,6 +14,7 @@ import mcp_types as types
 from pydantic import BaseModel, ConfigDict, Field
 
 import plugins.offload.fileref as fileref
+import plugins.offload.query as query
 from gateway.args import Args, ToolInputError
 from gateway.handlers import guarded, tool
 from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall
@@ -74,6 +75,9 @@ class OffloadPlugin(Plugin):
                 log.info("removed %d offloaded responses older than %s h from %s", removed, ttl, store.folder)
         if not ijson.backend.startswith("yajl2_c"):
             log.warning("ijson runs on its %s backend, not the C one: large JSON files will be slow", ijson.backend)
+
+    async def stop(self) -> None:
+        query.stop_all()  # a conversion in the background must not hold the exit
 
     def _ctx(self) -> GatewayContext:
         assert self.ctx is not None, "offload plugin not started"

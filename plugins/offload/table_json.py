@@ -9,6 +9,7 @@ already taken (a key literally named `items`, `a.b` beside `a_b`) gets a number,
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from gateway.services.text import dumps
 from plugins.offload.json_file import children
 from plugins.offload.paths import Step, format_path
 from plugins.offload.table_jsonl import object_size
-from plugins.offload.tables import MAIN, Names, Table, quote, unique_column, untangle
+from plugins.offload.tables import MAIN, MAX_COLUMNS, Names, Table, quote, unique_column, untangle
 
 SMALL_MAP = 4  # a small object is a table too when all of its (at least this many) values are objects
 DOC_BYTES = 16 * 1024 * 1024  # documents up to this size are also one JSON value in `doc`
@@ -40,13 +41,18 @@ def candidates(path: Path) -> list[tuple[tuple[Step, ...], bool, int]]:
     return out
 
 
-def load(conn: Any, path: Path, scratch: Path) -> list[Table]:
-    """Create the tables; `scratch` is a temporary file the loader may write (removed by the caller)."""
+class Stopped(Exception):
+    """The conversion was told to stop (its time limit, or the gateway is stopping)."""
+
+
+def load(conn: Any, path: Path, scratch: Path, stop: threading.Event) -> list[Table]:
+    """Create the tables; `scratch` is a temporary file the loader may write (removed by the caller);
+    `stop` ends the conversion."""
     names = Names()
     tables = []
     for i, (steps, is_array, _) in enumerate(candidates(path)):
         name = MAIN if i == 0 else names.claim("_".join(str(s) for s in steps) or "root")
-        tables.append(_load_part(conn, path, list(steps), is_array, name, scratch))
+        tables.append(_load_part(conn, path, list(steps), is_array, name, scratch, stop))
     if path.stat().st_size <= DOC_BYTES:
         conn.execute(
             "CREATE TABLE doc AS SELECT json FROM read_json_objects(?, format='unstructured', "
@@ -57,10 +63,14 @@ def load(conn: Any, path: Path, scratch: Path) -> list[Table]:
     return tables
 
 
-def _load_part(conn: Any, path: Path, steps: list[Step], is_array: bool, name: str, scratch: Path) -> Table:
+def _load_part(
+    conn: Any, path: Path, steps: list[Step], is_array: bool, name: str, scratch: Path, stop: threading.Event
+) -> Table:
     longest, skipped, fields = 0, 0, set()
     with open(scratch, "w", encoding="utf-8") as fh:
         for key, value in children(path, steps, is_array, json_outline.prefix_is_safe(path, steps)):
+            if stop.is_set():
+                raise Stopped
             if is_array:
                 if not isinstance(value, dict):
                     skipped += 1
@@ -68,16 +78,28 @@ def _load_part(conn: Any, path: Path, steps: list[Step], is_array: bool, name: s
                 row = value
             else:
                 row = {_KEY: key, **value} if isinstance(value, dict) else {_KEY: key, "value": value}
+            if len(fields) <= MAX_COLUMNS:
                 fields.update(row)
             line = dumps(row) + "\n"
             longest = max(longest, len(line))
             fh.write(line)
+    table = Table(name, format_path(steps))
+    if len(fields) > MAX_COLUMNS:  # a wide, sparse part: one JSON value a row, not a column a key
+        conn.execute(
+            f"CREATE TABLE {quote(name)} AS SELECT json FROM read_json_objects(?, format='newline_delimited', "
+            f"maximum_object_size={object_size(4 * longest)})",
+            [str(scratch)],
+        )
+        table.notes.append(
+            f"more than {MAX_COLUMNS} different keys: one row per {'item' if is_array else 'entry'} in column "
+            f"json (JSON); read fields with json->>'$.name'" + ("" if is_array else f", the key with json->>'$.{_KEY}'")
+        )
+        return table
     conn.execute(
         f"CREATE TABLE {quote(name)} AS SELECT * FROM read_json_auto(?, format='newline_delimited', "
         f"maximum_object_size={object_size(4 * longest)}, sample_size=-1)",
         [str(scratch)],
     )
-    table = Table(name, format_path(steps))
     untangle(conn, table)
     if not is_array:
         key_column = unique_column("key", [f for f in fields if f != _KEY])

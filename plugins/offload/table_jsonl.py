@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from plugins.offload.tables import MAIN, Table, untangle
+from plugins.offload.tables import MAIN, MAX_COLUMNS, Table, untangle
 
 
 def detect(path: Path) -> bool:
@@ -41,9 +41,23 @@ def object_size(longest: int) -> int:
 
 
 def load(conn: Any, path: Path) -> Table:
+    size = object_size(longest_line(path))
+    keys = conn.execute(
+        "SELECT count(DISTINCT k) FROM (SELECT unnest(json_keys(json)) AS k FROM "
+        f"read_json_objects(?, format='newline_delimited', maximum_object_size={size}))",
+        [str(path)],
+    ).fetchone()[0]
+    if keys > MAX_COLUMNS:  # too wide for a column a key: one JSON value a row
+        conn.execute(
+            f"CREATE TABLE {MAIN} AS SELECT json FROM read_json_objects(?, format='newline_delimited', "
+            f"maximum_object_size={size})",
+            [str(path)],
+        )
+        note = f"{keys} different keys: one row per line in column json (JSON); read fields with json->>'$.name'"
+        return Table(MAIN, "JSON lines (one row per line)", notes=[note])
     conn.execute(
         f"CREATE TABLE {MAIN} AS SELECT * FROM read_json_auto(?, format='newline_delimited', "
-        f"maximum_object_size={object_size(longest_line(path))}, sample_size=-1)",
+        f"maximum_object_size={size}, sample_size=-1)",
         [str(path)],
     )
     table = Table(MAIN, "JSON lines (one row per line)")

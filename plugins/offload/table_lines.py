@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import codecs
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +16,11 @@ _CHUNK = 1 << 20
 CR_STAND_IN = "\uffff"
 
 
-def load(conn: Any, path: Path, scratch: Path) -> Table:
-    """`scratch` is a temporary file the loader may write (removed by the caller)."""
+def load(conn: Any, path: Path, scratch: Path, stop: threading.Event) -> Table:
+    """`scratch` is a temporary file the loader may write (removed by the caller); `stop` ends the copy."""
     decoder = codecs.getincrementaldecoder("utf-8")("replace")  # as the other tools decode it
     with open(path, "rb") as src, open(scratch, "wb") as dst:
-        while block := src.read(_CHUNK):
+        while (block := src.read(_CHUNK)) and not stop.is_set():
             dst.write(decoder.decode(block).replace("\r", CR_STAND_IN).encode("utf-8", "surrogatepass"))
         dst.write(decoder.decode(b"", final=True).encode())
     conn.execute(

@@ -9,6 +9,7 @@ from typing import Any
 
 MAIN = "items"  # the main table of a result: its largest array of records, map, CSV or JSON Lines
 RESERVED = ("lines", "doc")  # the text table and the whole-document table keep these names
+MAX_COLUMNS = 500  # a part with more different keys is one JSON column: a result too wide for a table
 PROFILE_SAMPLES = 2
 SAMPLE_CHARS = 40
 TYPE_CHARS = 60

@@ -1,0 +1,143 @@
+"""response_query on a shared gateway, tried the way a hostile or unlucky caller would: a real gateway
+process over stdio in front of the probe server. No query may take the process down, block another
+caller's queries, or leave a result it cannot query again."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from conftest import PY, call, gateway_env, ok, probe, text_of, write_config
+from mcp import ClientSession
+
+from gateway.proxy.upstream_stdio import linear_stdio_client
+
+pytestmark = pytest.mark.anyio
+
+
+@asynccontextmanager
+async def _gateway(tmp_path: Path) -> AsyncIterator[tuple[ClientSession, Path]]:
+    cfg = write_config(tmp_path, {"p": probe("p")}, plugins=["offload"], max_response_size=4096)
+    with open(tmp_path / "gw.err", "wb") as errlog:
+        async with (
+            linear_stdio_client(PY, ["-m", "gateway", "--config", str(cfg)], gateway_env(), None, errlog) as streams,
+            ClientSession(*streams) as session,
+        ):
+            await session.initialize()
+            yield session, cfg
+    assert "Traceback" not in (tmp_path / "gw.err").read_text()
+
+
+async def _offloaded(session: ClientSession, size: int = 200_000) -> str:
+    result = await call(session, "p__big", {"size": size})
+    return json.loads(text_of(result))["fileRef"]["id"]
+
+
+async def test_huge_rows_do_not_fill_the_disk(tmp_path: Path) -> None:
+    async with _gateway(tmp_path) as (session, _):
+        rid = await _offloaded(session)
+        answer = await ok(
+            session,
+            "response_query",
+            {"path": rid, "sql": "SELECT repeat('x', 10000000) AS s FROM range(150)", "max_tokens": 100},
+        )
+        assert str(answer["row_count"]).startswith("more than ") and "narrow it" in answer["note"]
+        assert Path(answer["fileRef"]["path"]).stat().st_size < 80 * 1024 * 1024  # not 1.5 GB
+        # the process is there for everyone else
+        assert "still here" in text_of(await call(session, "p__echo", {"text": "still here"}))
+        small = await ok(session, "response_query", {"path": rid, "sql": "SELECT max(id) FROM items"})
+        assert small["rows"] == [[2499]]
+
+
+async def test_concurrent_queries_on_one_result_all_answer(tmp_path: Path) -> None:
+    async with _gateway(tmp_path) as (session, _):
+        rid = await _offloaded(session)
+        answers: list[Any] = []
+
+        async def ask(i: int) -> None:
+            sql = f"SELECT count(*) + {i} FROM items, range(200)"
+            answers.append(await call(session, "response_query", {"path": rid, "sql": sql}))
+
+        async with anyio.create_task_group() as tg:
+            for i in range(4):
+                tg.start_soon(ask, i)
+        assert all(not a.is_error for a in answers), [text_of(a) for a in answers if a.is_error]
+        assert sorted(a.structured_content["rows"][0][0] for a in answers) == [2500 * 200 + i for i in range(4)]
+
+
+async def test_a_damaged_sidecar_is_built_again_and_comments_end_a_query(tmp_path: Path) -> None:
+    async with _gateway(tmp_path) as (session, _):
+        rid = await _offloaded(session)
+        first = await ok(session, "response_query", {"path": rid, "sql": "SELECT count(*) FROM items"})
+        sidecars = list((tmp_path / "ws").rglob(f".*{rid.removeprefix('resp_')}*.duckdb"))
+        assert len(sidecars) == 1
+        sidecars[0].write_bytes(b"not a database" * 100)
+        again = await ok(session, "response_query", {"path": rid, "sql": "SELECT count(*) FROM items"})
+        assert again["rows"] == first["rows"] == [[2500]]
+        # past 5,000 rows the total is counted, not asked again with the SQL wrapped in a subquery
+        many = await ok(
+            session, "response_query", {"path": rid, "sql": "SELECT * FROM range(6000) -- the end", "max_tokens": 60}
+        )
+        assert many["row_count"] == 6000
+
+
+async def test_the_exit_does_not_wait_for_a_conversion(tmp_path: Path) -> None:
+    """A wide, sparse result (every object with keys no other has) is being converted when the gateway is
+    told to stop: it ends at once, not when the conversion ends."""
+    cfg = write_config(tmp_path, {"p": probe("p")}, plugins=["offload"], max_response_size=4096)
+    proc = subprocess.Popen(
+        [PY, "-m", "gateway", "--config", str(cfg)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=gateway_env(),
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+
+    def send(message: dict[str, Any]) -> None:
+        proc.stdin.write((json.dumps(message) + "\n").encode())
+        proc.stdin.flush()
+
+    def reply(rid: int) -> dict[str, Any]:
+        while True:
+            message = json.loads(proc.stdout.readline())
+            if message.get("id") == rid:
+                return message
+
+    try:
+        send(
+            {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "initialize",
+                "params": {
+                    "protocolVersion": "2025-11-25",
+                    "capabilities": {},
+                    "clientInfo": {"name": "t", "version": "1"},
+                },
+            }
+        )
+        reply(1)
+        send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        send(
+            {
+                "jsonrpc": "2.0",
+                "id": 2,
+                "method": "tools/call",
+                "params": {"name": "p__big", "arguments": {"size": 60_000_000}},
+            }
+        )
+        assert "fileRef" in reply(2)["result"]["content"][0]["text"]
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=20) is not None
+    finally:
+        proc.kill()
+        proc.wait()
