@@ -45,12 +45,12 @@ class Stopped(Exception):
     """The conversion was told to stop (its time limit, or the gateway is stopping)."""
 
 
-def load(conn: Any, path: Path, scratch: Path, stop: threading.Event) -> list[Table]:
+def load(conn: Any, path: Path, scratch: Path, stop: threading.Event, parts: list[Any] | None = None) -> list[Table]:
     """Create the tables; `scratch` is a temporary file the loader may write (removed by the caller);
-    `stop` ends the conversion."""
+    `stop` ends the conversion; `parts` are `candidates(path)` when the caller has them already."""
     names = Names()
     tables = []
-    for i, (steps, is_array, _) in enumerate(candidates(path)):
+    for i, (steps, is_array, _) in enumerate(candidates(path) if parts is None else parts):
         name = MAIN if i == 0 else names.claim("_".join(str(s) for s in steps) or "root")
         tables.append(_load_part(conn, path, list(steps), is_array, name, scratch, stop))
     if path.stat().st_size <= DOC_BYTES:
