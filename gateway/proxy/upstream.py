@@ -649,10 +649,18 @@ async def _list_tools(session: ClientSession, params: types.PaginatedRequestPara
 
 
 async def _paginate(method: Callable[..., Awaitable[Any]], field: str) -> list[Any]:
+    """Every page of a list. A server that declares the capability but answers -32601 (it has no
+    `resources/templates/list`, say) has an empty list, as for ping: never a reason to restart it."""
     items: list[Any] = []
     cursor: str | None = None
     for _ in range(1000):  # a server that loops its cursor must not hang the gateway
-        page = await method(params=types.PaginatedRequestParams(cursor=cursor))
+        try:
+            page = await method(params=types.PaginatedRequestParams(cursor=cursor))
+        except MCPError as exc:
+            if exc.error.code != types.METHOD_NOT_FOUND:
+                raise
+            log.info("upstream answered -32601 to its %s list: taken as empty", field)
+            return items
         items += getattr(page, field)
         cursor = page.next_cursor
         if not cursor:

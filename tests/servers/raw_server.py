@@ -30,6 +30,9 @@ if "--cut" in sys.argv:  # a tool whose reply stops half way: the process dies m
     TOOLS.append({"name": "cut", "description": "Die while answering.", "inputSchema": {"type": "object"}})
 
 
+RESOURCES = "--resources" in sys.argv  # declares resources but has no resources/templates/list (-32601)
+
+
 def reply(msg_id, result):
     sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": msg_id, "result": result}) + "\n")
     sys.stdout.flush()
@@ -47,12 +50,14 @@ for line in sys.stdin:
             msg_id,
             {
                 "protocolVersion": msg["params"]["protocolVersion"],
-                "capabilities": {"tools": {}},
+                "capabilities": {"tools": {}, **({"resources": {}} if RESOURCES else {})},
                 "serverInfo": {"name": "raw", "version": "0.0.1"},
             },
         )
     elif method == "tools/list":
         reply(msg_id, {"tools": TOOLS})
+    elif method == "resources/list" and RESOURCES:
+        reply(msg_id, {"resources": [{"uri": "mem://one", "name": "one"}]})
     elif method == "tools/call" and msg["params"]["name"] == "cut":
         head = json.dumps({"jsonrpc": "2.0", "id": msg_id, "result": {"content": [{"type": "text", "text": "x"}]}})
         sys.stdout.write(head[: head.index('"x"') + 1] + "partial " * 1_000_000)
