@@ -368,9 +368,13 @@ class AuthSettings(BaseModel):
                     raise ConfigError(
                         f"{path}:{number}: {exc.errors()[0]['msg'].removeprefix('Value error, ')}"
                     ) from None
-        names = [t.name for t in found]
+        # each name is a folder: names that differ only by case are one folder on macOS and Windows
+        names = [t.name.lower() for t in found]
         if len(set(names)) != len(names):
-            raise ConfigError(f"[auth] token names must be unique: {', '.join(sorted(names))}")
+            twice = sorted({t.name for t in found if names.count(t.name.lower()) > 1})
+            raise ConfigError(
+                f"[auth] token names must be unique, ignoring case (each names a folder): {', '.join(twice)}"
+            )
         return found
 
 
