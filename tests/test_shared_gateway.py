@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
-from conftest import PY, call, inproc, make_settings, run_cli, text_of
+from conftest import PY, call, gateway_env, inproc, make_settings, probe, run_cli, text_of, write_config
 
 pytestmark = pytest.mark.anyio
 RAW = str(Path(__file__).parent / "servers" / "raw_server.py")
@@ -34,3 +39,31 @@ def test_token_names_that_differ_by_case_are_refused(tmp_path: Path) -> None:
     done = run_cli("--config", str(cfg), timeout=30)
     assert done.returncode != 0 and "ignoring case" in done.stderr and "Alice, alice" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGHUP is POSIX")
+def test_a_sighup_while_starting_does_not_end_the_gateway(tmp_path: Path) -> None:
+    """A SIGHUP right after start (before the reloader listens) is remembered, not the end of the process."""
+    cfg = write_config(tmp_path, {"p": probe("p")})
+    proc = subprocess.Popen(
+        [PY, "-m", "gateway", "--config", str(cfg)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=gateway_env(),
+    )
+    try:
+        time.sleep(0.5)  # inside the start-up window, where a SIGHUP used to kill it (exit 129)
+        proc.send_signal(signal.SIGHUP)
+        assert proc.stdin is not None and proc.stdout is not None
+        hello = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+        proc.stdin.write(
+            (json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}) + "\n").encode()
+        )
+        proc.stdin.flush()
+        answer = json.loads(proc.stdout.readline())
+        assert answer["id"] == 1 and "result" in answer
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait()

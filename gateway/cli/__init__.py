@@ -155,6 +155,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not argv or argv[0] not in (*COMMANDS, "-h", "--help", "--version"):
         argv.insert(0, "serve")
+    if argv[0] == "serve":  # first of all: a SIGHUP while starting must not end the process
+        from gateway.proxy.sighup import hold
+
+        hold()
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         stream=sys.stderr,

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import anyio
 import anyio.to_thread
 
+import gateway.proxy.sighup as sighup
 from gateway.settings import ConfigError, GatewaySettings, ServerConfig, Settings
 
 log = logging.getLogger("gateway.reload")
@@ -165,6 +166,9 @@ class ConfigReloader:
     async def _on_sighup(self) -> None:
         with anyio.open_signal_receiver(signal.SIGHUP) as received:
             self.listening.set()
+            if sighup.EARLY.is_set():  # sent while the gateway was starting
+                sighup.EARLY.clear()
+                await self.reload("SIGHUP during start")
             async for _ in received:
                 await self.reload("SIGHUP")
 
