@@ -213,3 +213,24 @@ def http_gateway(
     argv = [PY, "-m", "gateway", "--config", str(cfg), "--transport", "http", "--host", host, "--port", str(port)]
     with serving([*argv, *extra], f"http://{host}:{port}/nothing", gateway_env(**(env or {}))):
         yield f"http://{host}:{port}/mcp"
+
+
+def gateway_pid(config: Path) -> int:
+    """The process of a gateway started with this config file (Linux: read from /proc)."""
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                argv = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"gateway" in argv and str(config).encode() in argv:
+                return int(proc.name)
+    raise AssertionError(f"no gateway process runs with {config}")
+
+
+def peak_rss(pid: int) -> int:
+    """A process's peak resident memory in bytes (VmHWM)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")

@@ -15,7 +15,7 @@ from typing import Any
 
 import anyio
 import pytest
-from conftest import PY, call, gateway_env, ok, probe, text_of, write_config
+from conftest import PY, call, gateway_env, gateway_pid, ok, peak_rss, probe, text_of, write_config
 from mcp import ClientSession
 
 from gateway.proxy.upstream_stdio import linear_stdio_client
@@ -41,32 +41,13 @@ async def _offloaded(session: ClientSession, size: int = 200_000) -> str:
     return json.loads(text_of(result))["fileRef"]["id"]
 
 
-def _gateway_pid(config: Path) -> int:
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                argv = (proc / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"gateway" in argv and str(config).encode() in argv:
-                return int(proc.name)
-    raise AssertionError("no gateway process")
-
-
-def _peak_rss(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmHWM")
-
-
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads peak memory from /proc (Linux)")
 async def test_huge_answers_neither_fill_the_memory_nor_the_disk(tmp_path: Path) -> None:
     async with _gateway(tmp_path) as (session, cfg):
         rid = await _offloaded(session)
-        pid = _gateway_pid(cfg)
+        pid = gateway_pid(cfg)
         await ok(session, "response_query", {"path": rid, "sql": "SELECT count(*) FROM items"})
-        before = _peak_rss(pid)
+        before = peak_rss(pid)
         # 1.5 GB of rows: DuckDB builds them in one chunk; the query's own process runs out, not the gateway
         huge = await call(
             session,
@@ -82,7 +63,7 @@ async def test_huge_answers_neither_fill_the_memory_nor_the_disk(tmp_path: Path)
         )
         assert str(wide["row_count"]).startswith("more than ") and "narrow it" in wide["note"]
         assert Path(wide["fileRef"]["path"]).stat().st_size < 80 * 1024 * 1024
-        assert _peak_rss(pid) - before < 256 * 1024 * 1024  # it was 5.9 GB
+        assert peak_rss(pid) - before < 256 * 1024 * 1024  # it was 5.9 GB
         # the process is there for everyone else
         assert "still here" in text_of(await call(session, "p__echo", {"text": "still here"}))
         small = await ok(session, "response_query", {"path": rid, "sql": "SELECT max(id) FROM items"})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -10,7 +11,19 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PY, call, gateway_env, inproc, make_settings, probe, run_cli, text_of, write_config
+from conftest import (
+    PY,
+    call,
+    eventually,
+    gateway_env,
+    gateway_pid,
+    inproc,
+    make_settings,
+    probe,
+    run_cli,
+    text_of,
+    write_config,
+)
 
 pytestmark = pytest.mark.anyio
 RAW = str(Path(__file__).parent / "servers" / "raw_server.py")
@@ -67,3 +80,32 @@ def test_a_sighup_while_starting_does_not_end_the_gateway(tmp_path: Path) -> Non
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="finds the gateway's process in /proc and sends it SIGHUP")
+async def test_a_config_saved_in_two_steps_keeps_every_server(tmp_path: Path) -> None:
+    """An editor that truncates the file, then writes it: the empty file in between is never applied, so
+    calls under way keep their servers."""
+    from mcp import ClientSession
+
+    from gateway.proxy.upstream_stdio import linear_stdio_client
+
+    cfg = write_config(tmp_path, {"p": probe("p")})
+    text = cfg.read_text()
+    errlog_path = tmp_path / "gw.err"
+    with open(errlog_path, "wb") as errlog:
+        async with (
+            linear_stdio_client(PY, ["-m", "gateway", "--config", str(cfg)], gateway_env(), None, errlog) as streams,
+            ClientSession(*streams) as session,
+        ):
+            await session.initialize()
+            pid = gateway_pid(cfg)
+            for _ in range(2):
+                cfg.write_text("")  # truncated in place (a SIGHUP re-reads it now; the file watch would too)...
+                os.kill(pid, signal.SIGHUP)
+                await eventually(lambda: b"names no servers" in errlog_path.read_bytes(), 20, "the refusal")
+                result = await call(session, "p__echo", {"text": "here"})
+                assert not result.is_error and "here" in text_of(result)
+                cfg.write_text(text)  # ...then written back
+                errlog_path.write_bytes(b"")
+    assert "Traceback" not in errlog_path.read_text()

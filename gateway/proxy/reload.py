@@ -142,6 +142,15 @@ class ConfigReloader:
                 self.failed += 1
                 log.exception("config reload (%s) failed: %s; the running configuration stays in force", why, exc)
                 return None
+            if self.gateway.settings.servers and not new.servers:
+                # an editor that truncates before it writes, a half-written file: never "no servers"
+                self.failed += 1
+                log.error(
+                    "config reload (%s): the file names no servers; the running configuration stays in force "
+                    "(restart the gateway to run it without servers)",
+                    why,
+                )
+                return None
             change = plan(self.gateway.settings, new)
             if change.empty:
                 log.info("config reload (%s): no change", why)
