@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import (
@@ -109,3 +110,38 @@ async def test_a_config_saved_in_two_steps_keeps_every_server(tmp_path: Path) ->
                 cfg.write_text(text)  # ...then written back
                 errlog_path.write_bytes(b"")
     assert "Traceback" not in errlog_path.read_text()
+
+
+@pytest.mark.parametrize("frozen", [True, False])
+async def test_a_damaged_definitions_ledger_fails_closed_when_frozen(tmp_path: Path, frozen: bool) -> None:
+    """definitions.json cut in half between runs: moved aside; with freeze_definitions every tool is
+    refused with how to accept it (and a restart does not take the damage for a fresh start); without
+    the freeze, definitions are remembered anew as before."""
+    from mcp import ClientSession
+
+    from gateway.proxy.upstream_stdio import linear_stdio_client
+
+    cfg = write_config(tmp_path, {"p": probe("p")}, freeze_definitions=frozen)
+
+    async def echo() -> Any:
+        with open(tmp_path / "gw.err", "ab") as errlog:
+            async with (
+                linear_stdio_client(PY, ["-m", "gateway", "--config", str(cfg)], gateway_env(), None, errlog) as st,
+                ClientSession(*st) as session,
+            ):
+                await session.initialize()
+                await session.list_tools()
+                return await call(session, "p__echo", {"text": "hi"})
+
+    assert not (await echo()).is_error
+    ledger = tmp_path / "ws" / "definitions.json"
+    data = ledger.read_bytes()
+    ledger.write_bytes(data[: len(data) // 2])
+    for _ in range(2):  # the run after the damage, and a restart after it
+        result = await echo()
+        if frozen:
+            assert result.is_error and "could not be read" in text_of(result) and "definitions.json" in text_of(result)
+        else:
+            assert not result.is_error
+    assert [p.name for p in ledger.parent.glob("definitions.json.damaged-*")]
+    assert "Traceback" not in (tmp_path / "gw.err").read_text()

@@ -15,10 +15,11 @@ from typing import Any
 
 import mcp_types as types
 
-from gateway.services.files import atomic_write
+from gateway.services.files import atomic_write, move_aside
 
 log = logging.getLogger("gateway.definitions")
 FIELDS = ("title", "description", "inputSchema", "outputSchema", "annotations")
+DAMAGED = "_damaged"  # the key of the marker left where a damaged ledger was
 
 
 def wire(tool: types.Tool) -> dict[str, Any]:
@@ -55,20 +56,32 @@ class DefinitionLedger:
         self._seen: dict[str, dict[str, dict[str, Any]]] = {}
         self._reported: set[tuple[str, str, str]] = set()
         self._dirty = False
+        self.damaged = ""  # why the first definitions are unknown (the ledger could not be read)
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
-            if isinstance(data, dict):
-                self._seen = {s: t for s, t in data.items() if isinstance(t, dict)}
+            if not isinstance(data, dict):
+                raise ValueError("not a JSON object")
         except FileNotFoundError:
-            pass
+            return
         except (OSError, ValueError) as exc:
-            log.warning("%s is unreadable (%s); tool definitions are remembered anew", path, exc)
+            aside = move_aside(path)  # kept for a look, like every damaged file
+            self.damaged = f"{path.name} could not be read ({exc}) and was moved to {aside.name}"
+            log.warning("%s; tool definitions cannot be compared with the first ones", self.damaged)
+            # a marker in its place: a restart must not take the damage for a fresh start
+            atomic_write(path, json.dumps({DAMAGED: self.damaged}), sync=False)
+            return
+        if isinstance(data.get(DAMAGED), str):
+            self.damaged = data[DAMAGED]
+        self._seen = {s: t for s, t in data.items() if isinstance(t, dict)}
 
-    def check(self, server: str, tool: types.Tool) -> tuple[dict[str, Any] | None, str]:
+    def check(self, server: str, tool: types.Tool, frozen: bool = False) -> tuple[dict[str, Any] | None, str]:
         """(the first definition, what changed) when this one differs from it; (None, "") otherwise.
-        A tool seen for the first time is remembered."""
+        A tool seen for the first time is remembered. With the ledger damaged and `frozen`, every tool is
+        unknown (fails closed) and nothing is remembered until the operator accepts by removing the file."""
         definition = wire(tool)
         sha = fingerprint(definition)
+        if self.damaged and frozen:
+            return None, f"its first definition is unknown: {self.damaged}"
         with self._lock:
             known = self._seen.setdefault(server, {}).get(tool.name)
             if known is None:
@@ -95,6 +108,7 @@ class DefinitionLedger:
         with self._lock:
             if not self._dirty:
                 return
+            self.damaged = ""  # remembered anew (freeze off): the marker goes with this write
             self._dirty = False
             data = json.dumps(self._seen, ensure_ascii=False, indent=1)
         try:

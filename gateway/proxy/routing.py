@@ -117,7 +117,7 @@ class RoutingTable:
                     name = alt
                     if name in owners:
                         continue
-                first, change = self.ledger.check(server, tool)
+                first, change = self.ledger.check(server, tool, self.frozen)
                 if change:
                     changed[name] = f"tool '{tool.name}' of server '{server}' changed its definition: {change}"
                     if self.frozen and first:
