@@ -145,3 +145,31 @@ async def test_a_damaged_definitions_ledger_fails_closed_when_frozen(tmp_path: P
             assert not result.is_error
     assert [p.name for p in ledger.parent.glob("definitions.json.damaged-*")]
     assert "Traceback" not in (tmp_path / "gw.err").read_text()
+
+
+async def test_the_workspace_and_the_config_are_never_ingested(tmp_path: Path) -> None:
+    """An ingest root that holds the workspace and the config (as `~` holds the default workspace): another
+    caller's notes, the config and its tokens stay out, one by one and when their folder is ingested."""
+    from mcp import ClientSession
+
+    from gateway.proxy.upstream_stdio import linear_stdio_client
+
+    (tmp_path / "notes.md").write_text("# Mine\n\nmy own notes\n")
+    cfg = write_config(tmp_path, {}, {"documents": {"ingest_roots": [str(tmp_path)]}}, plugins=["memory", "documents"])
+    with open(tmp_path / "gw.err", "wb") as errlog:
+        async with (
+            linear_stdio_client(PY, ["-m", "gateway", "--config", str(cfg)], gateway_env(), None, errlog) as st,
+            ClientSession(*st) as session,
+        ):
+            await session.initialize()
+            await call(session, "context_append", {"session_id": "bob", "text": "bob's secret plan 7781"})
+            session_log = next((tmp_path / "ws").rglob("*.jsonl"))
+            for private in (session_log, cfg):
+                refused = await call(session, "doc_ingest", {"file_path": str(private)})
+                assert refused.is_error and "never ingested" in text_of(refused), text_of(refused)
+            folder = await call(session, "doc_ingest", {"file_path": str(tmp_path)})
+            assert not folder.is_error, text_of(folder)
+            ingested = [d["file"] for d in folder.structured_content["ingested"]]
+            assert "notes.md" in ingested and not any(f.startswith("ws") or f.endswith(".toml") for f in ingested)
+            found = await call(session, "doc_search", {"query": "secret plan 7781"})
+            assert found.structured_content["results"] == []

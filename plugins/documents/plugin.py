@@ -22,6 +22,7 @@ from gateway.handlers import guarded, tool
 from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall
 from gateway.services.responses import ID_PATTERN, StoreError, saved_kind
 from gateway.services.search_index import SearchIndex
+from gateway.settings import expand_vars
 from plugins.documents.chunker import chunk_batches, index_text, kind_of
 
 log = logging.getLogger("plugins.documents")
@@ -41,8 +42,9 @@ def _same_or_below(path: Path, root: Path) -> bool:
     return path.parts[: len(root.parts)] == root.parts
 
 
-def resolve_ingest_path(raw: str, roots: list[Path]) -> Path:
-    """A real path below one of the roots, compared by whole segments after resolving symlinks."""
+def resolve_ingest_path(raw: str, roots: list[Path], private: list[Path] | None = None) -> Path:
+    """A real path below one of the roots, compared by whole segments after resolving symlinks, and
+    never one of the gateway's own (`private`: the workspace, the config file, the tokens file)."""
     if not roots:
         raise IngestError(
             "doc_ingest reads files only below configured ingest roots, and none are configured. Pass the "
@@ -64,6 +66,14 @@ def resolve_ingest_path(raw: str, roots: list[Path]) -> Path:
     if not any(_same_or_below(real, root) for root in real_roots):
         allowed = ", ".join(str(r) for r in real_roots)
         raise IngestError(f"{raw} resolves to {real}, which is outside the ingest roots ({allowed})")
+    for own in private or []:
+        if _same_or_below(real, own):
+            what = (
+                "workspace, which holds every caller's notes, documents and results"
+                if own.is_dir()
+                else "config or tokens file"
+            )
+            raise IngestError(f"{raw} is in the gateway's own {what} ({own}); it is never ingested")
     mode = os.stat(real).st_mode
     if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
         raise IngestError(f"{raw} is not a regular file (device, pipe or socket); only text files can be ingested")
@@ -293,7 +303,7 @@ class DocumentsPlugin(Plugin):
             )
             return self._ingested(result)
         roots = self.settings.ingest_roots
-        real = resolve_ingest_path(file_path, roots)
+        real = resolve_ingest_path(file_path, roots, self._private())
         if real.is_dir():
             return await self._ingest_dir(real, roots, call)
         body = await anyio.to_thread.run_sync(read_text_file, real)
@@ -309,8 +319,14 @@ class DocumentsPlugin(Plugin):
 
     async def _ingest_dir(self, folder: Path, roots: list[Path], call: ToolCall) -> dict[str, Any]:
         files: list[Path] = []
+        private = self._private()
         for base, dirs, names in os.walk(folder, followlinks=False):
-            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            dirs[:] = sorted(
+                d
+                for d in dirs
+                if not d.startswith(".")
+                and not any(_same_or_below(Path(os.path.realpath(Path(base) / d)), p) for p in private)
+            )
             for name in sorted(names):
                 if not name.startswith("."):
                     files.append(Path(base) / name)
@@ -320,7 +336,7 @@ class DocumentsPlugin(Plugin):
         for i, path in enumerate(files):
             await call.report_progress(i, len(files), f"ingesting {path.name}")
             try:
-                real = resolve_ingest_path(str(path), roots)
+                real = resolve_ingest_path(str(path), roots, private)
                 body = await anyio.to_thread.run_sync(read_text_file, real)
             except IngestError as exc:
                 skipped.append({"file": str(path.relative_to(folder)), "reason": str(exc)})
@@ -338,6 +354,16 @@ class DocumentsPlugin(Plugin):
             )
         await call.report_progress(len(files), len(files), "done")
         return {"folder": str(folder), "ingested": done, "skipped": skipped, "chunks": sum(d["chunks"] for d in done)}
+
+    def _private(self) -> list[Path]:
+        """The gateway's own paths, never ingested: the workspace (every namespace's data), the config file
+        and the tokens file (bearer tokens), resolved as the paths asked for are."""
+        assert self.ctx is not None
+        settings = self.ctx.settings
+        own = [settings.gateway.workspace, settings.config_path]
+        if settings.auth.tokens_file:
+            own.append(Path(os.path.expanduser(expand_vars(settings.auth.tokens_file))))
+        return [Path(os.path.realpath(p)) for p in own if p is not None]
 
     def _ingested(self, result: dict[str, Any]) -> dict[str, Any]:
         return {
