@@ -173,3 +173,40 @@ async def test_the_workspace_and_the_config_are_never_ingested(tmp_path: Path) -
             assert "notes.md" in ingested and not any(f.startswith("ws") or f.endswith(".toml") for f in ingested)
             found = await call(session, "doc_search", {"query": "secret plan 7781"})
             assert found.structured_content["results"] == []
+
+
+async def test_documents_written_after_their_folder_was_removed_are_kept(tmp_path: Path) -> None:
+    """`rm -rf <workspace>/documents` while the gateway runs, then doc_ingest: the index starts afresh in
+    a new file, and the document is still there after a restart."""
+    import shutil
+
+    from mcp import ClientSession
+
+    from gateway.proxy.upstream_stdio import linear_stdio_client
+
+    cfg = write_config(tmp_path, {}, plugins=["documents"])
+
+    async def run(*steps: tuple[str, dict[str, Any]]) -> list[Any]:
+        with open(tmp_path / "gw.err", "ab") as errlog:
+            async with (
+                linear_stdio_client(PY, ["-m", "gateway", "--config", str(cfg)], gateway_env(), None, errlog) as st,
+                ClientSession(*st) as session,
+            ):
+                await session.initialize()
+                out = []
+                for name, args in steps:
+                    if name == "rm":
+                        shutil.rmtree(tmp_path / "ws" / "documents")
+                        continue
+                    out.append(await call(session, name, args))
+                return out
+
+    text = "# Tides\n\nThe harbour floods at the spring tide near 0730 hours.\n"
+    first, again = await run(
+        ("doc_ingest", {"text": "# Before\n\nwritten first\n"}),
+        ("rm", {}),
+        ("doc_ingest", {"text": text}),
+    )
+    assert not first.is_error and not again.is_error
+    (found,) = await run(("doc_search", {"query": "spring tide harbour"}))
+    assert any("0730" in r["text"] for r in found.structured_content["results"]), text_of(found)

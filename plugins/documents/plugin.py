@@ -277,10 +277,17 @@ class DocumentsPlugin(Plugin):
         return self.ctx.window.budget(session_id)
 
     def _store(self, namespace: str) -> DocumentStore:
-        if namespace not in self.stores:
-            assert self.ctx is not None, "documents plugin not started"
-            self.stores[namespace] = DocumentStore(self.ctx.namespace_dir(namespace) / "documents" / "index.sqlite")
-        return self.stores[namespace]
+        assert self.ctx is not None, "documents plugin not started"
+        path = self.ctx.namespace_dir(namespace) / "documents" / "index.sqlite"
+        store = self.stores.get(namespace)
+        if store is not None and not path.exists():
+            # its folder was removed under it: writes would go to an unlinked file and vanish at restart
+            log.warning("%s was removed while the gateway ran; the documents index starts afresh", path)
+            store.index.close()
+            store = None
+        if store is None:
+            store = self.stores[namespace] = DocumentStore(path)
+        return store
 
     # -- ingest ----------------------------------------------------------------------------------
 
