@@ -17,6 +17,7 @@ from conftest import (
     http_gateway,
     probe,
     run_cli,
+    serving,
     text_of,
     wait_listening,
     write_config,
@@ -306,3 +307,28 @@ async def test_metrics_in_prometheus_text_under_the_same_rules(tmp_path: Path) -
         assert httpx2.get(metrics_url, headers={"authorization": "Bearer nope"}).status_code == 401
         good = httpx2.get(metrics_url, headers={"authorization": "Bearer t0ken"})
         assert good.status_code == 200 and "mcp_gateway_upstream_up" in good.text
+
+
+def test_a_session_belongs_to_the_token_that_opened_it(tmp_path: Path) -> None:
+    """bob, holding alice's `mcp-session-id`, can neither use it nor end it: as for an unknown session."""
+    port = free_port()
+    cfg = write_config(tmp_path, {"p": probe("p")}, plugins=["offload"])
+    cfg.write_text(
+        cfg.read_text()
+        + f'\n[[auth.tokens]]\nname = "alice"\ntoken = "{ALICE}"\n\n[[auth.tokens]]\nname = "bob"\ntoken = "{BOB}"\n'
+    )
+    cmd = [PY, "-m", "gateway", "--config", str(cfg), "--transport", "http", "--port", str(port)]
+    url = f"http://127.0.0.1:{port}/mcp"
+    with serving(cmd, f"http://127.0.0.1:{port}/nothing", gateway_env()):
+        as_alice = JSON_HEADERS | {"authorization": f"Bearer {ALICE}"}
+        as_bob = JSON_HEADERS | {"authorization": f"Bearer {BOB}"}
+        opened = httpx2.post(url, json=INIT, headers=as_alice)
+        assert opened.status_code == 200
+        sid = opened.headers["mcp-session-id"]
+        initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        assert httpx2.post(url, json=initialized, headers=as_alice | {"mcp-session-id": sid}).status_code == 202
+        listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+        assert httpx2.post(url, json=listing, headers=as_bob | {"mcp-session-id": sid}).status_code == 404
+        assert httpx2.delete(url, headers=as_bob | {"mcp-session-id": sid}).status_code == 404
+        mine = httpx2.post(url, json=listing, headers=as_alice | {"mcp-session-id": sid})
+        assert mine.status_code == 200 and "p__echo" in mine.text  # still hers, still open

@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import sys
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -102,6 +103,9 @@ class BearerAuth:
     def __init__(self, app: Any, tokens: dict[str, str]):
         self.app = app
         self.expected = [(f"Bearer {token}".encode(), name) for token, name in tokens.items()]
+        # each MCP session belongs to the token that opened it: another token's request on it (a leaked
+        # or guessed `mcp-session-id`) is answered as for an unknown session
+        self.owners: OrderedDict[bytes, str] = OrderedDict()
 
     def _namespace(self, given: bytes) -> str | None:
         found = None
@@ -117,16 +121,37 @@ class BearerAuth:
             scope[NAMESPACE_SCOPE_KEY] = namespace or ""
             if namespace is None:
                 body = b'{"error": "missing or wrong bearer token (Authorization: Bearer <auth_token>)"}'
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": 401,
-                        "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")],
-                    }
-                )
-                await send({"type": "http.response.body", "body": body})
+                await _answer(send, 401, body, [(b"www-authenticate", b"Bearer")])
                 return
+            session = dict(scope.get("headers") or []).get(b"mcp-session-id")
+            if session is not None and self.owners.get(session, namespace) != namespace:
+                await _answer(send, 404, b'{"error": "session not found"}')
+                return
+            if session is None:  # a new session: it is this token's
+                send = self._binding(send, namespace)
         await self.app(scope, receive, send)
+
+    def _binding(self, send: Any, namespace: str) -> Any:
+        async def bind(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                for key, value in message.get("headers") or []:
+                    if key.lower() == b"mcp-session-id":
+                        self.owners[value] = namespace
+                        while len(self.owners) > MAX_SESSIONS:
+                            self.owners.popitem(last=False)
+            await send(message)
+
+        return bind
+
+
+MAX_SESSIONS = 100_000  # owners remembered (the session manager ends idle sessions after 30 minutes)
+
+
+async def _answer(send: Any, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    start = {"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]}
+    start["headers"] += headers or []
+    await send(start)
+    await send({"type": "http.response.body", "body": body})
 
 
 def build_http_app(gateway: Gateway) -> tuple[Any, StreamableHTTPSessionManager]:
