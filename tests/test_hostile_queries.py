@@ -154,3 +154,19 @@ async def test_the_exit_does_not_wait_for_a_conversion(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+async def test_a_huge_meta_is_counted_and_kept_out(tmp_path: Path) -> None:
+    """A small result carrying 5 MB of `_meta` (a trace): the answer passes, its big key goes to a file
+    named in a small `_meta`, so the host never receives the 5 MB."""
+    async with _gateway(tmp_path) as (session, _):
+        result = await call(session, "p__big", {"size": 5_000_000, "kind": "meta"})
+        assert not result.is_error and text_of(result) == "done"
+        meta = result.meta or {}
+        assert len(json.dumps(meta)) < 4096 and meta["small"] == 1
+        note = meta["mcp-context-gateway/offloadedMeta"]
+        assert note["keys"] == ["trace"]
+        saved = await ok(
+            session, "response_query", {"path": note["id"], "sql": "SELECT length(json->>'$.trace') FROM doc"}
+        )
+        assert saved["rows"] == [[5_000_000]]

@@ -95,10 +95,23 @@ def _block_cost(block: Any) -> tuple[int, int]:
     return len(wire), estimate_tokens(wire)
 
 
+def meta_size(meta: Any) -> int:
+    """Bytes of a result's `_meta`: hosts do not show it to the model, but it travels to the host and
+    is held there, so its bytes count toward the size limit (not toward tokens)."""
+    if not meta:
+        return 0
+    size = len(pydantic_core.to_json(meta))
+    for key in set(spill.keys_in(meta)):  # a long string the reader left on disk: its own size
+        if (part := spill.of(spill.MARK + key)) is not None:
+            size += part.size - len(spill.MARK + key)
+    return size
+
+
 def result_cost(result: types.CallToolResult) -> Cost:
-    """Bytes and tokens of what the model receives from this result (see the module docstring)."""
+    """Bytes and tokens of what the model receives from this result (see the module docstring); a large
+    `_meta` adds its bytes."""
     costs = [_block_cost(block) for block in result.content]
-    size, tokens = sum(c[0] for c in costs), sum(c[1] for c in costs)
+    size, tokens = sum(c[0] for c in costs) + meta_size(result.meta), sum(c[1] for c in costs)
     duplicate = None
     if result.structured_content is not None:
         text_blocks = [(i, b.text) for i, b in enumerate(result.content) if isinstance(b, types.TextContent)]

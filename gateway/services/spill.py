@@ -166,7 +166,7 @@ def keys_in(value: Any) -> Iterator[str]:
 def parts_of(result: types.CallToolResult) -> list[Spilled]:
     if not _entries:
         return []
-    keys = set(keys_in(result.model_dump(include={"content", "structured_content"})))
+    keys = set(keys_in(result.model_dump(include={"content", "structured_content", "meta"})))
     return [part for key in keys if (part := _entries.get(key)) is not None]
 
 

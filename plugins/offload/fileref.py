@@ -16,7 +16,7 @@ import plugins.offload.table_csv as table_csv
 import plugins.offload.textfile as textfile
 from gateway.plugin import ToolCall
 from gateway.services import spill
-from gateway.services.costs import Cost, looks_like_json
+from gateway.services.costs import Cost, looks_like_json, meta_size
 from gateway.services.responses import ResponseStore, Saved, open_command, response_uri
 from gateway.services.text import human_size
 from plugins.offload.json_file import BrokenJSON, is_small
@@ -24,6 +24,9 @@ from plugins.offload.json_outline import outline, warm_outline
 from plugins.offload.tables import BRIEF_COLUMNS, brief
 
 INLINE_KEYS = 10
+META_INLINE = 64 * 1024  # a `_meta` larger than this is not passed on whole...
+META_KEY_INLINE = 4 * 1024  # ...its keys larger than this go to a file, named under META_NOTE
+META_NOTE = "mcp-context-gateway/offloadedMeta"
 INLINE_COLUMNS = 60
 TABLES_WAIT = 2.0  # seconds the fileRef waits at most for the tables of a result...
 TABLES_WAIT_BYTES = 16 * 1024 * 1024  # ...up to this size; a larger one answers at once
@@ -67,6 +70,15 @@ def _replace(
     """The work of `offload`: every file it saves goes into `parts` at once, so a failure can remove it."""
     max_size, max_tokens = limits
     stem = f"{call.server}__{call.tool}"
+    meta = result.meta
+    if (big := meta_size(meta)) > META_INLINE:  # a huge `_meta` (a trace, a debug dump): large keys to a file
+        kept = {k: v for k, v in meta.items() if meta_size({k: v}) <= META_KEY_INLINE}
+        moved = {k: spill.restored(v) for k, v in meta.items() if k not in kept}
+        saved = store.save_text(f"{stem}__meta", pydantic_core.to_json(moved).decode(), "json")
+        parts.append(("_meta", saved))
+        meta = {**kept, META_NOTE: {"keys": sorted(moved), "id": saved.id, "sizeHint": human_size(saved.size)}}
+        if cost.size - big <= max_size and cost.tokens <= max_tokens:  # the rest may pass as it is
+            return result.model_copy(update={"meta": meta})
     inline: list[Any] = []
     structured = result.structured_content
     if structured is not None and cost.duplicate is None:
@@ -140,7 +152,7 @@ def _replace(
         size=primary.size,
     )
     return types.CallToolResult(
-        content=[types.TextContent(text=text), link, *inline], is_error=result.is_error, _meta=result.meta
+        content=[types.TextContent(text=text), link, *inline], is_error=result.is_error, _meta=meta
     )
 
 

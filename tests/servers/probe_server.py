@@ -156,6 +156,10 @@ def build(name: str, extra_tools: int, shuffle: bool = False, mutate: str = "") 
                 return types.CallToolResult(content=[types.ImageContent(data=blob, mime_type="image/png")])
             if kind == "error":
                 return types.CallToolResult(content=[types.TextContent(text="E" * size)], is_error=True)
+            if kind == "meta":  # a small result with a huge _meta (traces, debug dumps)
+                return types.CallToolResult(
+                    content=[types.TextContent(text="done")], _meta={"trace": "t" * size, "small": 1}
+                )
             if kind == "text":
                 line = "2026-11-30T10:00:00Z INFO request handled path=/api/items status=200\n"
                 return types.CallToolResult(content=[types.TextContent(text=(line * (size // len(line) + 1))[:size])])
