@@ -126,3 +126,17 @@ def test_lines_are_numbered_as_grep_does(tmp_path: Path) -> None:
         (3, ""),
         (4, "five\x1e\ufffd"),  # invalid UTF-8 as every other tool decodes it
     ]
+
+
+def test_a_result_too_wide_for_a_table_is_one_json_column(tmp_path: Path) -> None:
+    """Every object with keys no other has (a wide, sparse result): not a table of thousands of columns
+    but one JSON value a row, still queryable."""
+    path = tmp_path / "wide.json"
+    path.write_text(json.dumps([{f"k{i}_{j}": j for j in range(5)} for i in range(400)]))
+    items = _tables(path, "json")["items"]
+    assert [c["name"] for c in items.columns] == ["json"] and items.rows == 400
+    assert any("different keys" in n for n in items.notes)
+    assert _sql(path, "SELECT count(*), sum((json->>'$.k7_3')::INT) FROM items") == [(400, 3)]
+    lines = tmp_path / "wide.txt"
+    lines.write_text("\n".join(json.dumps({f"k{i}_{j}": j for j in range(5)}) for i in range(400)))
+    assert [c["name"] for c in _tables(lines, "text")["items"].columns] == ["json"]
