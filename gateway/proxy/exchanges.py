@@ -24,7 +24,8 @@ from pydantic import BaseModel, ValidationError
 
 ANSWER_WAIT = 600.0  # how long a question waits for the host's retry; then the upstream hears "decline"
 KEEP_FINISHED = 60.0  # a result nobody came back for is dropped after this
-MAX_EXCHANGES = 256
+MAX_PER_NAMESPACE = 64  # open rounds one namespace (one token's callers) may hold
+MAX_EXCHANGES = 1024  # and all of them
 
 RESPONSE_TYPES: dict[str, type[BaseModel]] = {
     "elicitation/create": types.ElicitResult,
@@ -104,8 +105,13 @@ class Exchanges:
         for token, ex in list(self.open.items()):  # results nobody came back for
             if ex.finished_at is not None and now - ex.finished_at > KEEP_FINISHED:
                 del self.open[token]
+        # a quota per namespace: one caller's open rounds never evict another's; the oldest of its own
+        # goes, and its upstream call with it (cancelled, not left running)
+        own = [t for t, ex in self.open.items() if ex.namespace == namespace]
+        for token in own[: max(0, len(own) - MAX_PER_NAMESPACE + 1)]:
+            self._evict(token)
         while len(self.open) >= MAX_EXCHANGES:
-            self.open.pop(next(iter(self.open)))
+            self._evict(next(iter(self.open)))
         exchange = Exchange(namespace)
         self.open[exchange.token] = exchange
         return exchange
@@ -116,3 +122,7 @@ class Exchanges:
 
     def close(self, exchange: Exchange) -> None:
         self.open.pop(exchange.token, None)
+
+    def _evict(self, token: str) -> None:
+        exchange = self.open.pop(token)
+        exchange.scope.cancel()  # its upstream call hears a cancel

@@ -53,3 +53,15 @@ async def test_results_nobody_came_back_for_are_dropped() -> None:
     old.finished_at = 0.0  # long ago
     registry.new("")
     assert old.token not in registry.open and len(registry.open) == 1
+
+
+async def test_one_namespace_cannot_evict_another_and_an_evicted_round_is_cancelled() -> None:
+    """alice opens more rounds than her quota: her oldest go, each with its upstream call cancelled;
+    bob's one open round stays."""
+    registry = Exchanges()
+    bobs = registry.new("bob")
+    alices = [registry.new("alice") for _ in range(exchanges.MAX_PER_NAMESPACE + 10)]
+    assert registry.find(bobs.token, "bob") is bobs and not bobs.scope.cancel_called
+    assert all(ex.scope.cancel_called for ex in alices[:10])
+    assert not any(ex.scope.cancel_called for ex in alices[10:])
+    assert sum(ex.namespace == "alice" for ex in registry.open.values()) == exchanges.MAX_PER_NAMESPACE
