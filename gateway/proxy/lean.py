@@ -327,7 +327,11 @@ class LeanFront:
                 return True
             if method == "notifications/cancelled" and self._flights:
                 params = raw.get("params")
-                cancel = self._flights.pop(params.get("requestId"), None) if isinstance(params, dict) else None
+                rid = params.get("requestId") if isinstance(params, dict) else None
+                # a peer's id is a key only when it is one a JSON-RPC id may be (a list is unhashable)
+                cancel = (
+                    self._flights.pop(rid, None) if isinstance(rid, (str, int)) and not isinstance(rid, bool) else None
+                )
                 if cancel is None:
                     return False
                 cancel()  # the SDK's rule: a cancelled request is never answered

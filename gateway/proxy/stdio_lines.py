@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -134,7 +135,7 @@ def line_tap(
                     if not worth(line) or not intercept(json.loads(line)):
                         break
                     begin = end
-            except ValueError:  # not JSON (or not UTF-8): the pump answers it
+            except (ValueError, RecursionError):  # not JSON, not UTF-8, nested too deeply: the pump answers it
                 pass
             except Exception:  # never lose bytes: the pump gets the line instead
                 log.exception("the line tap failed; the line goes to the pump")
@@ -200,6 +201,8 @@ def _parse(line: str, peer: str, intercept: Intercept | None = None) -> tuple[Se
     # large lines (measured: +109 MB vs +218 MB for a 57 MB line), and the strings are shared.
     try:
         raw = json.loads(line)
+    except RecursionError:
+        raw = too_deep(line, peer)
     except ValueError as exc:
         log.warning("the %s sent a line that is not JSON: %r", peer, line[:120])
         return exc, _NOT_JSON
@@ -208,9 +211,44 @@ def _parse(line: str, peer: str, intercept: Intercept | None = None) -> tuple[Se
     return _validate(raw, peer, lambda: repr(line[:120]))
 
 
+DEEP = "\x00too-deep"  # the key marking a stand-in for a message nested too deeply to read
+_ID = re.compile(r'"id"\s*:\s*(-?\d{1,18}|"(?:[^"\\]|\\.){0,200}")')
+
+
+def too_deep(line: str, peer: str) -> dict[str, Any]:
+    """A stand-in for a message nested deeper than Python's parser goes (1,000+ levels): its id, when
+    one can be told from the top level of the line, so its sender is answered instead of the process
+    ending. From an upstream it is an error reply to that id (the call in flight gets it); from the
+    host, a request that `error_reply` answers with -32600."""
+    log.warning("the %s sent a message nested too deeply to read (%d characters)", peer, len(line))
+    found: Any = None
+    head, tail = line[:512], line[-512:]
+    for match in _ID.finditer(head):  # at the top level: one brace open before it
+        if head[: match.start()].count("{") - head[: match.start()].count("}") == 1:
+            found = json.loads(match.group(1))
+            break
+    if found is None:
+        for match in _ID.finditer(tail):  # or after the deep part: one brace still to close
+            rest = tail[match.end() :]
+            if rest.count("}") - rest.count("{") == 1:
+                found = json.loads(match.group(1))
+    message = "the message is nested too deeply to read (over 1,000 levels)"
+    if peer == "host":
+        return {"jsonrpc": "2.0", "id": found, DEEP: message}
+    return {
+        "jsonrpc": "2.0",
+        "id": found,
+        "error": {"code": types.INTERNAL_ERROR, "message": f"the upstream's reply: {message}"},
+    }
+
+
 def _validate(raw: Any, peer: str, shown: Callable[[], str]) -> tuple[SessionMessage | Exception, Any]:
     try:
+        if isinstance(raw, dict) and DEEP in raw:
+            raise ValueError(raw[DEEP])
         return SessionMessage(types.jsonrpc_message_adapter.validate_python(raw, by_name=False)), raw
+    except RecursionError:
+        return ValueError("nested too deeply to validate"), {**raw, DEEP: "the message is nested too deeply to read"}
     except ValueError as exc:
         log.warning("the %s sent a message that is not valid JSON-RPC: %s", peer, shown())
         return exc, raw
@@ -222,6 +260,8 @@ def error_reply(raw: Any, message: SessionMessage | Exception) -> bytes | None:
         return None
     if raw is _NOT_JSON:
         code, text, msg_id = types.PARSE_ERROR, "Parse error: the line is not JSON", None
+    elif isinstance(raw, dict) and DEEP in raw:
+        code, text, msg_id = types.INVALID_REQUEST, f"Invalid Request: {raw[DEEP]}", raw.get("id")
     elif isinstance(raw, list):
         code, text, msg_id = types.INVALID_REQUEST, "Invalid Request: batches are not supported", None
     elif isinstance(raw, dict) and isinstance(raw.get("id"), (str, int)) and not isinstance(raw.get("id"), bool):

@@ -496,7 +496,10 @@ class Spiller:
             log.debug("spooled line read whole (%s)", exc)
             with open(spool, "rb") as fh:
                 fh.seek(skip)
-                return json.loads(fh.read().decode("utf-8", "replace"))
+                try:
+                    return json.loads(fh.read().decode("utf-8", "replace"))
+                except RecursionError:
+                    raise ValueError("the line is nested too deeply to read (over 1,000 levels)") from None
 
 
 class _Reader:

@@ -26,6 +26,10 @@ if "--surrogate" in sys.argv:  # a reply holding a lone surrogate (a JSON escape
     )
 
 
+if "--deep" in sys.argv:  # a reply nested 1,500 levels deep (deeper than Python's parser goes)
+    TOOLS.append({"name": "deep", "description": "Answer deeply nested.", "inputSchema": {"type": "object"}})
+
+
 if "--cut" in sys.argv:  # a tool whose reply stops half way: the process dies mid-line
     TOOLS.append({"name": "cut", "description": "Die while answering.", "inputSchema": {"type": "object"}})
 
@@ -63,6 +67,10 @@ for line in sys.stdin:
         sys.stdout.write(head[: head.index('"x"') + 1] + "partial " * 1_000_000)
         sys.stdout.flush()
         sys.exit(1)
+    elif method == "tools/call" and msg["params"]["name"] == "deep":
+        nested = "[" * 1500 + "]" * 1500
+        sys.stdout.write('{"jsonrpc": "2.0", "id": ' + json.dumps(msg_id) + ', "result": {"content": ' + nested + "}}\n")
+        sys.stdout.flush()
     elif method == "tools/call" and msg["params"]["name"] == "lone_surrogate":
         rows = int((msg["params"].get("arguments") or {}).get("rows", 0))
         reply(msg_id, {"content": [{"type": "text", "text": "a" + "row " * rows + "\ud800b"}]})

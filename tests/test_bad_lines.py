@@ -1,0 +1,90 @@
+"""One bad line never stops the gateway: a hand-written raw host and raw upstream around a real gateway
+process. Every request with an id is answered; the process lives."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from conftest import PY, gateway_env, probe, write_config
+
+pytestmark = pytest.mark.anyio
+RAW = str(Path(__file__).parent / "servers" / "raw_server.py")
+
+
+class RawHost:
+    def __init__(self, process: Any):
+        self.process = process
+        self.buffer = b""
+
+    async def send(self, obj: object) -> None:
+        await self.process.stdin.send((obj if isinstance(obj, str) else json.dumps(obj)).encode() + b"\n")
+
+    async def reply(self, rid: Any) -> dict[str, Any]:
+        with anyio.fail_after(30):
+            while True:
+                while b"\n" not in self.buffer:
+                    self.buffer += await self.process.stdout.receive()
+                line, _, self.buffer = self.buffer.partition(b"\n")
+                message = json.loads(line)
+                if message.get("id") == rid:
+                    return message
+
+    async def call(self, rid: Any, name: str, arguments: Any) -> dict[str, Any]:
+        await self.send(
+            {"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": {"name": name, "arguments": arguments}}
+        )
+        return await self.reply(rid)
+
+
+async def _host(tmp_path: Path, lean: bool) -> Any:
+    servers = {"p": probe("p"), "raw": {"command": PY, "args": [RAW, "--deep"]}}
+    cfg = write_config(tmp_path, servers, lean_path=lean)
+    errlog = open(tmp_path / "gw.err", "wb")  # noqa: SIM115 - closed with the process below
+    process = await anyio.open_process([PY, "-m", "gateway", "--config", str(cfg)], env=gateway_env(), stderr=errlog)
+    host = RawHost(process)
+    hello = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}
+    await host.send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello})
+    await host.reply(1)
+    await host.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    await host.send({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
+    await host.reply(2)
+    return process, host, errlog
+
+
+@pytest.mark.parametrize("lean", [True, False])
+async def test_deep_nesting_and_odd_ids_never_end_the_process(tmp_path: Path, lean: bool) -> None:
+    process, host, errlog = await _host(tmp_path, lean)
+    async with process:
+        try:
+            # arguments nested 1,000 and 5,000 levels deep: an error for that id, not the end of the process
+            for rid, depth in ((10, 1000), (11, 5000)):
+                line = '{"jsonrpc": "2.0", "id": %d, "method": "tools/call", "params": {"name": "p__echo", "arguments": {"text": %s}}}'
+                await host.send(line % (rid, "[" * depth + "]" * depth))
+                answer = await host.reply(rid)
+                assert "error" in answer or answer["result"].get("isError"), answer
+            # a cancel whose requestId is a list or an object while a call runs
+            await host.send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": 20,
+                    "method": "tools/call",
+                    "params": {"name": "p__slow", "arguments": {"seconds": 1}},
+                }
+            )
+            for odd in ([1, 2], {"a": 1}, True):
+                await host.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": odd}})
+            assert "result" in await host.reply(20)
+            # an upstream's reply nested 1,500 deep: an error for that call; the upstream's other calls go on
+            deep = await host.call(30, "raw__deep", {})
+            assert "error" in deep or deep["result"].get("isError"), deep
+            after = await host.call(31, "raw__legacy_echo", {"text": "still"})
+            assert after["result"]["content"][0]["text"] == "legacy_echo:still"
+            assert process.returncode is None
+        finally:
+            process.terminate()
+            errlog.close()
+    assert "Traceback" not in (tmp_path / "gw.err").read_text()
