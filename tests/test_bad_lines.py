@@ -88,3 +88,20 @@ async def test_deep_nesting_and_odd_ids_never_end_the_process(tmp_path: Path, le
             process.terminate()
             errlog.close()
     assert "Traceback" not in (tmp_path / "gw.err").read_text()
+
+
+@pytest.mark.parametrize("lean", [True, False])
+async def test_non_finite_numbers_reach_the_upstream_as_null_on_both_paths(tmp_path: Path, lean: bool) -> None:
+    """Python hosts write NaN from json.dumps: both paths send null (the lean path used to send NaN on,
+    and an upstream that drops lines it cannot parse never answered)."""
+    process, host, errlog = await _host(tmp_path, lean)
+    async with process:
+        try:
+            await host.send(
+                '{"jsonrpc": "2.0", "id": 40, "method": "tools/call", "params": {"name": "raw__legacy_echo", "arguments": {"text": NaN}}}'
+            )
+            answer = await host.reply(40)
+            assert answer["result"]["content"][0]["text"] == "legacy_echo:None"
+        finally:
+            process.terminate()
+            errlog.close()

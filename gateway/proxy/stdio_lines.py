@@ -132,7 +132,7 @@ def line_tap(
                 while begin < len(data):
                     end = data.index(b"\n", begin) + 1
                     line = data[begin:end]
-                    if not worth(line) or not intercept(json.loads(line)):
+                    if not worth(line) or not intercept(loads(line)):
                         break
                     begin = end
             except (ValueError, RecursionError):  # not JSON, not UTF-8, nested too deeply: the pump answers it
@@ -194,13 +194,23 @@ async def pump_writes(write_recv: anyio.abc.ObjectReceiveStream[SessionMessage],
 _NOT_JSON = object()
 
 
+def loads(line: str | bytes) -> Any:
+    """A JSON-RPC line as both paths read it: `NaN` and `Infinity` (which Python's `json.dumps` writes)
+    are null, as the SDK sends them on, so the lean path writes the same bytes to the upstream."""
+    return json.loads(line, parse_constant=_no_constant)
+
+
+def _no_constant(_: str) -> None:
+    return None
+
+
 def _parse(line: str, peer: str, intercept: Intercept | None = None) -> tuple[SessionMessage | Exception | None, Any]:
     """The message (or the error) and the decoded JSON value (`_NOT_JSON` when it is not JSON); no
     message when `intercept` took it."""
     # json.loads + validate_python peaks at about half the memory of pydantic's validate_json on
     # large lines (measured: +109 MB vs +218 MB for a 57 MB line), and the strings are shared.
     try:
-        raw = json.loads(line)
+        raw = loads(line)
     except RecursionError:
         raw = too_deep(line, peer)
     except ValueError as exc:
