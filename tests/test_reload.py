@@ -140,3 +140,36 @@ async def test_sighup_reloads_and_a_changed_server_restarts(tmp_path: Path) -> N
         assert changes.count >= 1
         assert gateway.settings.gateway.port == 8808  # needs a restart: not applied
         assert (await ok(session, "b__add", {"a": 1, "b": 2}))["sum"] == 3
+
+
+async def test_a_reload_while_a_listing_waits_for_a_slow_server(tmp_path: Path) -> None:
+    """A slow server being added, a tools/list waiting for it, a second save adding another: the listing
+    answers (it used to fail with "dictionary changed size during iteration")."""
+    settings = make_settings(tmp_path, {"a": probe("a")})
+    configs = []
+    for i, servers in enumerate(
+        [
+            {"a": probe("a"), "b": probe("b", "--start-delay", "2")},
+            {"a": probe("a"), "b": probe("b", "--start-delay", "2"), "c": probe("c")},
+        ]
+    ):
+        (tmp_path / f"v{i}").mkdir()
+        configs.append(write_config(tmp_path / f"v{i}", servers, workspace=str(settings.gateway.workspace)))
+    async with inproc(settings) as (gateway, session):
+        await gateway.wait_ready()
+        first = ConfigReloader(gateway, lambda: load_settings(configs[0], environ={}))
+        second = ConfigReloader(gateway, lambda: load_settings(configs[1], environ={}))
+        await first.reload("save 1")
+        listed: list[Any] = []
+        async with anyio.create_task_group() as tg:
+
+            async def listing() -> None:
+                listed.append(await session.send_request(types.ListToolsRequest(), types.ListToolsResult))
+
+            tg.start_soon(listing)
+            tg.start_soon(gateway.wait_ready, 10)
+            await anyio.sleep(0)  # let both start waiting on the slow server
+            await second.reload("save 2")
+        names = {t.name for t in listed[0].tools}
+        assert "a__echo" in names
+        await eventually_listed(session, "c__echo")

@@ -79,7 +79,7 @@ class Notices:
         self._remember(ctx)
         await self.wait_ready()
         request = types.SetLevelRequest(params=types.SetLevelRequestParams(level=params.level))
-        for upstream in self.upstreams.values():
+        for upstream in list(self.upstreams.values()):  # a reload may change the dict meanwhile
             if upstream.declares("logging"):
                 try:
                     await upstream.request(request, types.EmptyResult, "logging/setLevel")

@@ -218,7 +218,7 @@ class Gateway:
         for upstream in self.upstreams.values():
             upstream.stop()
         with anyio.move_on_after(timeout):
-            for upstream in self.upstreams.values():
+            for upstream in list(self.upstreams.values()):  # a reload may change the dict meanwhile
                 await upstream.finished.wait()
         await self.pipeline.stop()
         await anyio.to_thread.run_sync(self.stats.flush)
@@ -277,7 +277,7 @@ class Gateway:
                 READY_WAIT_CAP, max((u.config.init_timeout_seconds for u in self.upstreams.values()), default=0) + 1
             )
         with anyio.move_on_after(timeout):
-            for upstream in self.upstreams.values():
+            for upstream in list(self.upstreams.values()):  # a reload may change the dict meanwhile
                 await upstream.ready.wait()
 
     # -- change propagation ---------------------------------------------------------------

@@ -69,7 +69,9 @@ for line in sys.stdin:
         sys.exit(1)
     elif method == "tools/call" and msg["params"]["name"] == "deep":
         nested = "[" * 1500 + "]" * 1500
-        sys.stdout.write('{"jsonrpc": "2.0", "id": ' + json.dumps(msg_id) + ', "result": {"content": ' + nested + "}}\n")
+        sys.stdout.write(
+            '{"jsonrpc": "2.0", "id": ' + json.dumps(msg_id) + ', "result": {"content": ' + nested + "}}\n"
+        )
         sys.stdout.flush()
     elif method == "tools/call" and msg["params"]["name"] == "lone_surrogate":
         rows = int((msg["params"].get("arguments") or {}).get("rows", 0))
