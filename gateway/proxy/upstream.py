@@ -446,7 +446,11 @@ class Upstream:
             params["_meta"] = meta
         clock = Clock(timeout, expired)
         flight = _InFlight(host[0], host[1], clock, timeout)
-        rid = self.raw.start("tools/call", params, settle, progressed)
+        try:
+            rid = self.raw.start("tools/call", params, settle, progressed)
+        except BaseException:  # nothing was sent: no timer may later answer for it
+            clock.stop()
+            raise
         if rid is None:
             clock.stop()
             return None
