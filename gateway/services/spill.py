@@ -493,6 +493,10 @@ class Spiller:
         except (_Bad, RecursionError, ValueError, OSError) as exc:  # OSError: a full disk, a file size limit
             for path in made:
                 path.unlink(missing_ok=True)
+            gone = set(made)
+            with _lock:  # their registry entries too: pending() must not stay true for nothing
+                for key in [k for k, part in _entries.items() if part.path in gone]:
+                    del _entries[key]
             log.debug("spooled line read whole (%s)", exc)
             with open(spool, "rb") as fh:
                 fh.seek(skip)

@@ -184,3 +184,21 @@ async def test_the_pump_spools_long_lines_or_keeps_them_in_memory(
         assert [p.suffix for p in folder.iterdir()] == [".txt"], "the spool is gone, the text file stays"
     else:
         assert marker == long_text
+
+
+def test_a_read_that_falls_back_leaves_no_registry_entries(tmp_path: Path, small_reads: None) -> None:
+    """A long text spilled, then a part the reader cannot follow (nesting deeper than its recursion, which
+    the plain parser still reads): the whole-line fallback removes the files and their entries, so
+    `pending()` does not stay true (every later call would take the slow path) until the sweep."""
+    deep: object = "end"
+    for _ in range(600):
+        deep = {"a": deep}
+    message = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "result": {"content": [{"type": "text", "text": "x" * 1000}], "structuredContent": {"deep": deep}},
+    }
+    line = tmp_path / "line"
+    line.write_text(json.dumps(message))
+    assert Spiller(tmp_path / "spill").read(line) == message
+    assert not spill.pending()
