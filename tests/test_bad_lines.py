@@ -105,3 +105,19 @@ async def test_non_finite_numbers_reach_the_upstream_as_null_on_both_paths(tmp_p
         finally:
             process.terminate()
             errlog.close()
+
+
+@pytest.mark.parametrize("lean", [True, False])
+async def test_invalid_utf8_is_read_the_same_on_both_paths(tmp_path: Path, lean: bool) -> None:
+    """ED A0 80 (an encoded surrogate, not UTF-8) is three U+FFFD on both paths: forwarded alike, never
+    a lone surrogate that one path refuses and the other sends."""
+    process, host, errlog = await _host(tmp_path, lean)
+    async with process:
+        try:
+            line = b'{"jsonrpc": "2.0", "id": 50, "method": "tools/call", "params": {"name": "raw__legacy_echo", "arguments": {"text": "a\xed\xa0\x80b"}}}'
+            await process.stdin.send(line + b"\n")
+            answer = await host.reply(50)
+            assert answer["result"]["content"][0]["text"] == "legacy_echo:a\ufffd\ufffd\ufffdb", answer
+        finally:
+            process.terminate()
+            errlog.close()

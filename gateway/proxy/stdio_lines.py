@@ -132,7 +132,8 @@ def line_tap(
                 while begin < len(data):
                     end = data.index(b"\n", begin) + 1
                     line = data[begin:end]
-                    if not worth(line) or not intercept(loads(line)):
+                    # decoded as the pump decodes it (invalid UTF-8 -> U+FFFD), so both paths see one text
+                    if not worth(line) or not intercept(loads(line.decode("utf-8", "replace"))):
                         break
                     begin = end
             except (ValueError, RecursionError):  # not JSON, not UTF-8, nested too deeply: the pump answers it
