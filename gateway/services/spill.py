@@ -269,7 +269,7 @@ def _safe_cut(data: bytes, start: int = 0, stop: int | None = None) -> int:
 
 
 _DECODER = json.JSONDecoder(strict=False)
-_ESCAPED_BYTE = re.compile("[\udc80-\udcff]")  # bytes that were not UTF-8, kept by surrogateescape
+_ESCAPED_BYTE = re.compile("[\udc80-\udcff]+")  # bytes that were not UTF-8, kept by surrogateescape
 
 
 def _scan(body: bytes) -> tuple[str, int | None]:
@@ -284,8 +284,9 @@ def _scan(body: bytes) -> tuple[str, int | None]:
         text, end = _DECODER.raw_decode('"' + raw + '"')
     except ValueError as exc:
         raise _Bad(f"a string with a broken escape ({exc})") from None
-    if bad:
-        text = _ESCAPED_BYTE.sub("\ufffd", text)
+    if bad:  # each run of bytes that are not UTF-8 as `bytes.decode(..., "replace")` reads it (the
+        # whole-line path): a cut-short sequence is one U+FFFD, a stray byte one each
+        text = _ESCAPED_BYTE.sub(lambda m: bytes(ord(c) - 0xDC00 for c in m.group()).decode("utf-8", "replace"), text)
     if end == len(raw) + 2:
         return text, None
     return text, len(raw[: end - 1].encode("utf-8", "surrogateescape"))

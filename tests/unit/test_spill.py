@@ -202,3 +202,14 @@ def test_a_read_that_falls_back_leaves_no_registry_entries(tmp_path: Path, small
     line.write_text(json.dumps(message))
     assert Spiller(tmp_path / "spill").read(line) == message
     assert not spill.pending()
+
+
+@pytest.mark.parametrize("bad", [b"\xe2\x82", b"\xed\xa0\x80", b"\xff", b"\xc3", b"\xf0\x9f\x98"])
+def test_bytes_that_are_not_utf8_read_as_the_whole_line_path_reads_them(
+    tmp_path: Path, small_reads: None, bad: bytes
+) -> None:
+    head = b'{"jsonrpc": "2.0", "id": 1, "result": {"content": [{"type": "text", "text": "'
+    line = head + b"x" * 500 + bad + b"y" * 500 + b'"}]}}'
+    (tmp_path / "line").write_bytes(line)
+    spilled = spill.restored(Spiller(tmp_path / "spill").read(tmp_path / "line"))
+    assert spilled == json.loads(line.decode("utf-8", "replace"))
