@@ -723,3 +723,43 @@ async def test_a_tool_definition_that_changes_is_reported_and_can_be_frozen(tmp_
     cfg = write_config(tmp_path, {"p": probe("p", "--mutate", "start")}, freeze_definitions=frozen)
     out = run_cli("inspect", "--config", str(cfg))
     assert "changed: tool 'echo' of server 'p' changed its definition: description, input schema (+exfil)" in out.stdout
+
+
+async def test_two_retries_of_one_round_at_once_are_both_answered(tmp_path: Path) -> None:
+    """A 2026 host retries one `input_required` round twice at once (same requestState): one gets the
+    upstream's result, the other is told at once that the round is being answered; neither waits forever."""
+    from mcp import Client
+
+    from gateway.proxy.server import Gateway
+
+    settings = make_settings(tmp_path, {"p": probe("p")})
+    gateway = Gateway(settings, plugins=[])
+    async with gateway.running(), Client(gateway.server) as client:
+        first = await client.session.call_tool("p__ask", {}, allow_input_required=True)
+        assert isinstance(first, types.InputRequiredResult)
+        (key,) = first.input_requests
+        answer = {key: types.ElicitResult(action="accept", content={"name": "Mina"})}
+        outcomes: list[Any] = []
+
+        async def retry() -> None:
+            try:
+                outcomes.append(
+                    await client.session.call_tool(
+                        "p__ask",
+                        {},
+                        input_responses=answer,
+                        request_state=first.request_state,
+                        allow_input_required=True,
+                    )
+                )
+            except MCPError as exc:
+                outcomes.append(exc)
+
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(retry)
+                tg.start_soon(retry)
+        results = [o for o in outcomes if isinstance(o, types.CallToolResult)]
+        refused = [o for o in outcomes if isinstance(o, MCPError)]
+        assert len(results) == 1 and text_of(results[0]) == "accept:Mina"
+        assert len(refused) == 1 and "another retry" in str(refused[0])

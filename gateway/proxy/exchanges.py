@@ -49,6 +49,7 @@ class Exchange:
         self.finished_at: float | None = None
         self.call: Any = None  # the host's call (the pipeline runs on it when the result comes)
         self.scope = anyio.CancelScope()  # the upstream call running in the background
+        self.busy = False  # a host request is waiting for this exchange's next outcome
 
     @property
     def waiting(self) -> bool:

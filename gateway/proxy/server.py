@@ -478,6 +478,7 @@ class Gateway:
 
     async def _next(self, exchange: Exchange, call: ToolCall) -> Any:
         """The call's next question (the exchange stays open) or its result, through the pipeline."""
+        exchange.busy = True
         try:
             outcome = await exchange.next_outcome()
         except anyio.get_cancelled_exc_class():
@@ -485,6 +486,8 @@ class Gateway:
                 exchange.scope.cancel()
                 self.exchanges.close(exchange)
             raise
+        finally:
+            exchange.busy = False
         if isinstance(outcome, types.InputRequiredResult):
             return outcome
         self.exchanges.close(exchange)
@@ -495,6 +498,11 @@ class Gateway:
         exchange = self.exchanges.find(params.request_state or "", namespace_of(ctx))
         if exchange is None or exchange.call is None or exchange.call.name != params.name:
             raise MCPError(types.INVALID_PARAMS, "Invalid or expired requestState: call the tool again without it")
+        if exchange.busy:  # one retry at a time: a second would wait for an outcome that goes to the first
+            raise MCPError(
+                types.INVALID_PARAMS,
+                "this requestState is being answered by another retry already; wait for its result",
+            )
         if problem := exchange.answer(params.input_responses):
             raise MCPError(types.INVALID_PARAMS, f"{params.name}: {problem}")
         return await self._next(exchange, exchange.call)
