@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
+import anyio
 import httpx2
 import mcp_types as types
 import pytest
@@ -332,3 +334,58 @@ def test_a_session_belongs_to_the_token_that_opened_it(tmp_path: Path) -> None:
         assert httpx2.delete(url, headers=as_bob | {"mcp-session-id": sid}).status_code == 404
         mine = httpx2.post(url, json=listing, headers=as_alice | {"mcp-session-id": sid})
         assert mine.status_code == 200 and "p__echo" in mine.text  # still hers, still open
+
+
+async def test_an_upstream_question_never_reaches_another_tenant(tmp_path: Path) -> None:
+    """While bob's call runs on the shared server (it waits on bob's own question), alice's call makes
+    the server ask for a completion: the gateway cannot tell whose call asked, so it declines; bob's host
+    is never sent alice's prompt. Alone on the server, her question goes to her own host."""
+    port = free_port()
+    cfg = write_config(tmp_path, {"p": probe("p")}, plugins=[])
+    cfg.write_text(
+        cfg.read_text()
+        + f'\n[[auth.tokens]]\nname = "alice"\ntoken = "{ALICE}"\n\n[[auth.tokens]]\nname = "bob"\ntoken = "{BOB}"\n'
+    )
+    cmd = [PY, "-m", "gateway", "--config", str(cfg), "--transport", "http", "--port", str(port)]
+    url = f"http://127.0.0.1:{port}/mcp"
+    sampled: dict[str, list[str]] = {"alice": [], "bob": []}
+    bob_asked, release_bob = anyio.Event(), anyio.Event()
+
+    def sampler(who: str) -> Any:
+        async def sample(context: Any, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
+            sampled[who].append(params.messages[0].content.text)
+            return types.CreateMessageResult(role="assistant", content=types.TextContent(text=f"{who}-says"), model="m")
+
+        return sample
+
+    async def bobs_elicitation(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        bob_asked.set()
+        await release_bob.wait()
+        return types.ElicitResult(action="accept", content={"name": "Bob"})
+
+    with serving(cmd, f"http://127.0.0.1:{port}/nothing", gateway_env()):
+        async with (
+            httpx2.AsyncClient(headers={"Authorization": f"Bearer {ALICE}"}, timeout=httpx2.Timeout(30)) as ha,
+            httpx2.AsyncClient(headers={"Authorization": f"Bearer {BOB}"}, timeout=httpx2.Timeout(30)) as hb,
+            streamable_http_client(url, http_client=ha) as (ra, wa),
+            streamable_http_client(url, http_client=hb) as (rb, wb),
+            ClientSession(ra, wa, sampling_callback=sampler("alice")) as alice,
+            ClientSession(rb, wb, sampling_callback=sampler("bob"), elicitation_callback=bobs_elicitation) as bob,
+        ):
+            await alice.initialize()
+            await bob.initialize()
+            bobs: list[Any] = []
+
+            async def bobs_call() -> None:
+                bobs.append(await bob.call_tool("p__ask", {}))
+
+            with anyio.fail_after(30):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(bobs_call)
+                    await bob_asked.wait()  # bob's call is in flight on the server, waiting on bob
+                    hers = await alice.call_tool("p__ask", {"via": "sampling"})
+                    release_bob.set()
+            assert sampled["bob"] == []  # never sent alice's prompt
+            assert text_of(hers).startswith("refused:") and "declines" in text_of(hers), text_of(hers)
+            assert text_of(bobs[0]) == "accept:Bob"
+            assert text_of(await alice.call_tool("p__ask", {"via": "sampling"})) == "sampled:alice-says"

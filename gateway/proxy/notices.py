@@ -56,14 +56,16 @@ class Notices:
             del self.subscribers[uri]
 
     def roots_host(self) -> ServerSession | None:
-        """The most recent host connection that declared roots (asked when an upstream wants roots)."""
-        for session in reversed(self.hosts.values()):
-            if is_modern(session):  # no channel for a request of ours outside its call
-                continue
-            caps = getattr(session, "client_capabilities", None)
-            if caps is not None and caps.roots is not None:
-                return session
-        return None
+        """The host connection to ask when an upstream wants roots outside any call: the one host that
+        declared roots. With several, whose roots it wants cannot be told (one caller's folders must not
+        be shown to another's server call), so none is asked and the upstream hears it declined."""
+        found = [
+            session
+            for session in self.hosts.values()
+            if not is_modern(session)  # no channel for a request of ours outside its call
+            and getattr(getattr(session, "client_capabilities", None), "roots", None) is not None
+        ]
+        return found[0] if len(found) == 1 else None
 
     def roots_changed(self) -> None:
         for upstream in self.upstreams.values():

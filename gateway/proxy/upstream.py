@@ -509,10 +509,28 @@ class Upstream:
             "the call was cancelled. Retry with smaller input, or raise timeout_seconds for this server."
         )
 
+    def _asker(self) -> tuple[_InFlight | None, str]:
+        """The call an upstream's question belongs to, or why it cannot be told. A question carries no
+        request id to tie it to a call: it is the latest call in flight when every call in flight on
+        this upstream comes from one host; with calls of several hosts in flight it could be any of
+        theirs, and a prompt about one caller's data must never reach another, so it is declined."""
+        if not self._in_flight:
+            return None, ""
+        hosts = {id(f.host_session) if f.exchange is None else id(f.exchange) for f in self._in_flight}
+        if len(hosts) > 1:
+            return None, (
+                f"calls of {len(hosts)} different hosts are in flight on the shared server '{self.name}', and "
+                "its question carries nothing that tells whose call asked, so the gateway declines it"
+            )
+        return self._in_flight[-1], ""
+
     async def _on_elicit(self, context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
         """An upstream asks the user something during a call: ask the host that made the call (the most
         recent one in flight), with the call's clock paused while the user answers; else decline."""
-        flight = self._in_flight[-1] if self._in_flight else None
+        flight, unclear = self._asker()
+        if unclear:
+            log.warning("upstream %s: elicitation declined: %s", self.name, unclear)
+            return types.ElicitResult(action="decline")
         if flight is not None and flight.exchange is not None:
             answer = await flight.ask_by_exchange(types.ElicitRequest(params=params))
             return answer if answer is not None else types.ElicitResult(action="decline")
@@ -536,7 +554,9 @@ class Upstream:
         """An upstream asks for an LLM completion during a call: ask the host that made the call (its
         clock paused meanwhile), as for elicitation; an error the upstream can read when that host
         does not offer sampling."""
-        flight = self._in_flight[-1] if self._in_flight else None
+        flight, unclear = self._asker()
+        if unclear:
+            return types.ErrorData(code=types.INVALID_REQUEST, message=f"sampling declined: {unclear}")
         if flight is not None and flight.exchange is not None:
             answer = await flight.ask_by_exchange(types.CreateMessageRequest(params=params))
             return answer if answer is not None else _not_answered("sampling")
@@ -554,7 +574,9 @@ class Upstream:
         """roots/list from the upstream: the host that made the call in flight, if any; else (servers ask
         right after initialize and after roots/list_changed, outside any call) the most recent host that
         declared roots. Declined with an error the upstream can read when that host has none."""
-        flight = self._in_flight[-1] if self._in_flight else None
+        flight, unclear = self._asker()
+        if unclear:
+            return types.ErrorData(code=types.INVALID_REQUEST, message=f"roots declined: {unclear}")
         if flight is not None and flight.exchange is not None:
             answer = await flight.ask_by_exchange(types.ListRootsRequest())
             return answer if answer is not None else _not_answered("roots")
