@@ -46,6 +46,7 @@ SPILL_ABOVE = 4 * 1024 * 1024  # lines longer than this are spooled; below, the 
 KEEP = 64 * 1024  # strings up to this stay in memory; longer ones at a spillable path go to a file
 VALUE_BUDGET = 20_000  # values in structuredContent parsed one by one; more, and it is copied as raw JSON
 CHUNK = 1 << 20
+REPEAT_PREFIX = 256  # bytes of a long string kept in memory to tell a copy of it at once
 STALE_SECONDS = 900  # a spilled part nobody settled (its call was cancelled) is removed after this
 
 _WS = re.compile(rb"[ \t\r\n]*")
@@ -515,14 +516,21 @@ class _Reader:
         self.spool = spool
         self.budget: int | None = None
         self.seen: dict[str, str] = {}  # digest -> marker: a text repeated in one reply is one part
-        self.spans: list[tuple[int, int, str]] = []  # (start, end, marker) of each long string in the spool
+        # (start, end, marker, first bytes) of each long string in the spool
+        self.spans: list[tuple[int, int, str, bytes]] = []
 
     def _repeat(self) -> str | None:
         """The marker of an earlier long string whose escaped bytes this string repeats exactly (a
         structuredContent copy of the text): compared in the spool, never decoded a second time."""
         here = self.src.tell()
+        ahead = self._ahead(REPEAT_PREFIX)
+        # first the first bytes, in memory: a string that does not start like a long one is no copy of it
+        # (19,000 small structured values used to open the spool twice each, per long text)
+        candidates = [(start, end, marker) for start, end, marker, head in self.spans if ahead.startswith(head)]
+        if not candidates:
+            return None
         with open(self.spool, "rb") as earlier, open(self.spool, "rb") as this:
-            for start, end, marker in self.spans:
+            for start, end, marker in candidates:
                 earlier.seek(start)
                 this.seek(here)
                 left = end - start
@@ -536,6 +544,13 @@ class _Reader:
                         self.src.seek(here + (end - start) + 1)
                         return marker
         return None
+
+    def _ahead(self, count: int) -> bytes:
+        """Up to `count` bytes from the current position, without moving it."""
+        src = self.src
+        while len(src.buf) - src.pos < count and src.more():
+            pass
+        return src.buf[src.pos : src.pos + count]
 
     def _marker(self, part: Spilled, json_value: bool = False) -> Any:
         key = self.seen.get(part.digest)
@@ -668,7 +683,11 @@ class _Reader:
         if writer is None:
             return "".join(texts)
         marker = self._marker(writer.finish())
-        self.spans.append((start, src.tell() - 1, marker))
+        end = src.tell() - 1
+        with open(self.spool, "rb") as fh:  # its first bytes, to tell copies from other strings in memory
+            fh.seek(start)
+            head = fh.read(min(REPEAT_PREFIX, end - start))
+        self.spans.append((start, end, marker, head))
         return marker
 
     def raw_copy(self) -> Spilled:
