@@ -170,3 +170,16 @@ async def test_a_huge_meta_is_counted_and_kept_out(tmp_path: Path) -> None:
             session, "response_query", {"path": note["id"], "sql": "SELECT length(json->>'$.trace') FROM doc"}
         )
         assert saved["rows"] == [[5_000_000]]
+
+
+async def test_a_long_conversion_does_not_hold_another_results_query(tmp_path: Path) -> None:
+    """A 60 MB result is still being turned into tables when a small result is asked: the small one's
+    answer comes while the large conversion still runs (one process each, no lock between them)."""
+    async with _gateway(tmp_path) as (session, _):
+        small = await _offloaded(session)
+        await ok(session, "response_query", {"path": small, "sql": "SELECT count(*) FROM items"})
+        big = await _offloaded(session, 60_000_000)
+        answer = await ok(session, "response_query", {"path": small, "sql": "SELECT max(id) FROM items"})
+        assert answer["rows"] == [[2499]]
+        sidecar = list((tmp_path / "ws").rglob(f".*{big.removeprefix('resp_')}*.duckdb"))
+        assert sidecar == []  # the large conversion had not finished when the small answer came
