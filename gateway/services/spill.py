@@ -216,6 +216,37 @@ def release(result: types.CallToolResult) -> None:
             part.path.unlink(missing_ok=True)
 
 
+def _kept_by_a_tool_result(value: Any) -> set[str]:
+    """The keys of the markers a tool result keeps once validated: the text of text blocks and of
+    embedded text resources, and an object's structuredContent. Nothing, when the reply is not a tool
+    result (no content list)."""
+    result = value.get("result") if isinstance(value, dict) else None
+    content = result.get("content") if isinstance(result, dict) else None
+    if not isinstance(content, list):
+        return set()
+    kept: set[str] = set()
+    for block in content:
+        if isinstance(block, dict) and block.get("type") == "text":
+            kept.update(keys_in(block.get("text")))
+        elif isinstance(block, dict) and block.get("type") == "resource" and isinstance(block.get("resource"), dict):
+            kept.update(keys_in(block["resource"].get("text")))
+    if isinstance(result.get("structuredContent"), dict):
+        kept.update(keys_in(result["structuredContent"]))
+    return kept
+
+
+def _release_unreachable(value: Any) -> None:
+    """Release at once the parts that validation will drop (a `text` on an image or resource-link block,
+    content that is not a list, structuredContent that is not an object, a reply that is not a tool
+    result): no marker of theirs can come back to be released with the call."""
+    dropped = set(keys_in(value)) - _kept_by_a_tool_result(value)
+    for key in dropped:
+        with _lock:
+            part = _entries.pop(key, None)
+        if part is not None:
+            part.path.unlink(missing_ok=True)
+
+
 def adopt(part: Spilled, target: Path) -> int:
     """Move a spilled file to `target` (synced first, as every saved result is); a part adopted
     before is copied from where it went. Returns the size."""
@@ -491,6 +522,7 @@ class Spiller:
                 value = _Reader(self, src, made, spool).value(())
                 if src.peek() != -1:
                     raise _Bad("data after the JSON value")
+                _release_unreachable(value)
                 return value
         except (_Bad, RecursionError, ValueError, OSError) as exc:  # OSError: a full disk, a file size limit
             for path in made:

@@ -243,3 +243,39 @@ def test_many_structured_values_beside_a_long_text_read_the_spool_a_few_times(
     assert sum(name == str(line) for name in opened) < 10
     content_marker = value["result"]["content"][0]["text"]
     assert value["result"]["structuredContent"]["copy"] == content_marker  # the copy is the same part
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        {"content": [{"type": "image", "data": "AAAA", "mimeType": "image/png", "text": "T"}]},
+        {"content": [{"type": "resource_link", "uri": "a://b", "name": "b", "text": "T"}]},
+        {"content": [{"text": "T"}]},
+        {"content": {"type": "text", "text": "T"}},
+        {"content": [], "structuredContent": ["T"]},
+        {"content": [], "structuredContent": "T"},
+        {"contents": [{"uri": "a://b", "text": "T"}], "content": "T"},
+        {"messages": [{"role": "user", "content": {"type": "text", "text": "T"}}], "structuredContent": {"x": "T"}},
+    ],
+)
+def test_parts_that_validation_drops_are_released_at_once(tmp_path: Path, small_reads: None, result: dict) -> None:
+    """Long strings where no tool result keeps them (validation drops them, or the reply is not a tool
+    result): their files and entries go as the reply is read, not 15 minutes later."""
+    text = "z" * 1000
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "result": result}).replace('"T"', json.dumps(text))
+    (tmp_path / "line").write_text(body)
+    Spiller(tmp_path / "spill").read(tmp_path / "line")
+    assert not spill.pending()
+    assert not list((tmp_path / "spill").glob("*.txt")) and not list((tmp_path / "spill").glob("*.json"))
+
+
+def test_parts_a_tool_result_keeps_stay_until_released(tmp_path: Path, small_reads: None) -> None:
+    text = "z" * 1000
+    message = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "result": {"content": [{"type": "text", "text": text}], "structuredContent": {"copy": text}},
+    }
+    (tmp_path / "line").write_text(json.dumps(message))
+    value = Spiller(tmp_path / "spill").read(tmp_path / "line")
+    assert spill.pending() and spill.restored(value) == message
