@@ -38,6 +38,7 @@ from gateway.plugin import ToolCall
 from gateway.proxy.host_sessions import forwardable_meta, is_modern
 from gateway.proxy.stdio_lines import Send, Write
 from gateway.proxy.stdio_lines import json_line as line
+from gateway.services import spill
 
 log = logging.getLogger("gateway.lean")
 
@@ -128,14 +129,18 @@ class RawRequests:
         return bool(self._pending)
 
     def intercept(self, raw: Any) -> bool:
-        if not self._pending or not isinstance(raw, dict):
+        if not isinstance(raw, dict):
             return False
         rid = raw.get("id")
         if isinstance(rid, str) and rid.startswith(ID_PREFIX) and "method" not in raw:
             waiting = self._pending.pop(rid, None)
-            if waiting is not None:  # else a late reply to a cancelled request: dropped
+            if waiting is not None:
                 waiting[0](_outcome(raw))
+            else:  # a late reply to a cancelled request: dropped, and the files it left on disk with it
+                spill.discard(raw)
             return True
+        if not self._pending:
+            return False
         if raw.get("method") == "notifications/progress":
             params = raw.get("params")
             token = params.get("progressToken") if isinstance(params, dict) else None

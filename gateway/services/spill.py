@@ -207,9 +207,17 @@ def restore(result: types.CallToolResult) -> types.CallToolResult:
 
 def release(result: types.CallToolResult) -> None:
     """Remove the files of the spilled parts a settled result referenced."""
-    if not _entries:
-        return
-    for key in set(keys_in(result.model_dump(include={"content", "structured_content"}))):
+    if _entries:
+        discard(result.model_dump(include={"content", "structured_content", "meta"}))
+
+
+def discard(value: Any) -> None:
+    """Remove the files of the spilled parts anywhere in a JSON-like value (a reply nobody will read)."""
+    _drop(set(keys_in(value)))
+
+
+def _drop(keys: set[str]) -> None:
+    for key in keys:
         with _lock:
             part = _entries.pop(key, None)
         if part is not None:
@@ -239,12 +247,7 @@ def _release_unreachable(value: Any) -> None:
     """Release at once the parts that validation will drop (a `text` on an image or resource-link block,
     content that is not a list, structuredContent that is not an object, a reply that is not a tool
     result): no marker of theirs can come back to be released with the call."""
-    dropped = set(keys_in(value)) - _kept_by_a_tool_result(value)
-    for key in dropped:
-        with _lock:
-            part = _entries.pop(key, None)
-        if part is not None:
-            part.path.unlink(missing_ok=True)
+    _drop(set(keys_in(value)) - _kept_by_a_tool_result(value))
 
 
 def adopt(part: Spilled, target: Path) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -85,7 +86,9 @@ def test_raw_requests_match_replies_progress_and_errors() -> None:
     assert raw.intercept({"jsonrpc": "2.0", "id": bad, "error": {"code": -32602, "message": "no"}})
     assert results["ok"] == {"content": []} and progressed == [1]
     assert isinstance(results["bad"], types.ErrorData) and results["bad"].code == -32602
-    assert not raw.intercept({"jsonrpc": "2.0", "id": ok, "result": {}})  # nothing pending: not taken
+    assert raw.intercept(
+        {"jsonrpc": "2.0", "id": ok, "result": {}}
+    )  # late, nothing pending: dropped here (with its spilled files)
 
 
 @pytest.mark.anyio
@@ -306,3 +309,22 @@ async def test_a_call_that_cannot_start_at_once_runs_the_waiting_way() -> None:
         while not sent:
             await anyio.sleep(0)
     assert seen["ran"] == [5] and sent[0]["id"] == 5 and sent[0]["result"]["content"][0]["text"] == "ran 5"
+
+
+def test_a_late_reply_leaves_no_spilled_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reply to a cancelled lean call arrives after all (40 MB, spilled): dropped with its files, so
+    nothing stays pending until the 15-minute sweep."""
+    from gateway.services import spill
+
+    monkeypatch.setattr(spill, "KEEP", 16)
+    raw, _, _ = _recorded()
+    rid = raw.start("tools/call", {"name": "big"}, lambda o: None)
+    spooled = tmp_path / "line"
+    spooled.write_text(
+        json.dumps({"jsonrpc": "2.0", "id": rid, "result": {"content": [{"type": "text", "text": "x" * 500}]}})
+    )
+    raw.cancel(rid)
+    value = spill.Spiller(tmp_path / "spill").read(spooled)
+    assert spill.pending()
+    assert raw.intercept(value)
+    assert not spill.pending() and not list((tmp_path / "spill").iterdir())
