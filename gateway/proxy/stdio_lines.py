@@ -153,11 +153,17 @@ def stream_sinks(writer: asyncio.StreamWriter) -> tuple[Send, Write]:
     `write` is for callers that cannot wait (the lean path answers inside the loop's read callback)
     and declines instead. Both raise ClosedResourceError once the pipe is closing."""
 
+    turn = asyncio.Lock()  # one sender at a time, and only once the pipe has room: while the peer is
+    # behind, lines wait in their senders, never piled up in the pipe's buffer
+
     async def send(data: bytes) -> None:
-        if writer.is_closing():
-            raise anyio.ClosedResourceError
-        writer.write(data)
-        await writer.drain()
+        async with turn:
+            while writer.transport.get_write_buffer_size() > WRITE_BEHIND and not writer.is_closing():
+                await writer.drain()
+            if writer.is_closing():
+                raise anyio.ClosedResourceError
+            writer.write(data)
+            await writer.drain()
 
     def write(data: bytes) -> bool:
         if writer.is_closing():

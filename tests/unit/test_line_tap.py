@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from gateway.proxy import stdio_lines
 from gateway.proxy.stdio_lines import line_tap
 
@@ -87,3 +89,31 @@ def test_the_lean_paths_byte_checks() -> None:
     assert not front.worth(b'{"method":"notifications/cancelled","params":{"requestId":3}}\n')  # no calls run
     raw = RawRequests()
     assert not raw.worth(msg(1))  # nothing pending: the upstream's lines go to the SDK undecoded
+
+
+@pytest.mark.anyio
+async def test_senders_wait_for_room_instead_of_piling_up_in_the_pipe() -> None:
+    """A peer that stops reading: twenty 512 KB replies wait in their senders; the pipe's buffer holds
+    about one more line than the 1 MB the non-waiting writer allows, not all ten megabytes."""
+    import asyncio
+    import sys
+
+    from gateway.proxy.stdio_lines import WRITE_BEHIND, stream_sinks
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", "import time; time.sleep(60)", stdin=asyncio.subprocess.PIPE
+    )
+    try:
+        assert proc.stdin is not None
+        send, _ = stream_sinks(proc.stdin)
+        line = b"x" * (512 * 1024) + b"\n"
+        tasks = [asyncio.ensure_future(send(line)) for _ in range(20)]
+        for _ in range(200):  # every sender has had its turns: each waits for room or holds the lock
+            await asyncio.sleep(0)
+        assert proc.stdin.transport.get_write_buffer_size() <= WRITE_BEHIND + 2 * len(line)
+        assert sum(t.done() for t in tasks) < 20
+        for task in tasks:
+            task.cancel()
+    finally:
+        proc.kill()
+        await proc.wait()
