@@ -132,3 +132,18 @@ def later_revision_fields(method: str, version: str) -> frozenset[str]:
     from mcp.client.session import _later_revision_fields
 
     return _later_revision_fields(method, version)
+
+
+class _NotificationWithoutTraceback(logging.Filter):
+    """The SDK's client logs a notification it cannot validate with its traceback: an upstream's
+    malformed notification is the upstream's fault, said in one line (the notification is dropped)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith("Failed to validate notification") and record.exc_info:
+            record.exc_info, record.exc_text = None, None
+            record.msg = str(record.msg) + " (an upstream sent it malformed; dropped)"
+        return True
+
+
+def quiet_sdk_notification_errors() -> None:
+    logging.getLogger("client").addFilter(_NotificationWithoutTraceback())  # the SDK client session's logger

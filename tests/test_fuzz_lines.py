@@ -140,10 +140,31 @@ async def _run(tmp_path: Path, lean: bool, lines: list[bytes], answered: list[in
     return replies
 
 
-async def test_hostile_host_lines_never_stop_the_gateway(tmp_path: Path) -> None:
+def hostile_upstream_calls(count: int) -> tuple[list[bytes], list[int]]:
+    """Calls whose upstream writes hostile lines before its reply: empty, not JSON, nested 1,500 deep,
+    ids of wrong types, replies to ids nobody sent (its own and the lean path's), NaN, bytes that are not
+    UTF-8, a 5 MB notification."""
+    calls = [
+        json.dumps(
+            {
+                "jsonrpc": "2.0",
+                "id": 5000 + n,
+                "method": "tools/call",
+                "params": {"name": "raw__junk", "arguments": {"n": n}},
+            }
+        ).encode()
+        for n in range(count)
+    ]
+    return calls, [5000 + n for n in range(count)]
+
+
+async def test_hostile_lines_on_both_sides_never_stop_the_gateway(tmp_path: Path) -> None:
     lines, answered = hostile_lines(seed=20261201, count=120)
+    upstream_lines, upstream_answered = hostile_upstream_calls(12)
+    lines, answered = lines + upstream_lines, answered + upstream_answered
     lean = await _run(tmp_path, True, lines, answered)
     sdk = await _run(tmp_path, False, lines, answered)
     assert set(answered) <= set(lean) and set(answered) <= set(sdk)  # every valid id answered on both paths
+    assert all(b"after junk" in lean[rid] for rid in upstream_answered)  # the upstream's reply got through
     differ = [rid for rid in answered if lean[rid] != sdk[rid]]
     assert not differ, [(lean[r][:200], sdk[r][:200]) for r in differ[:3]]

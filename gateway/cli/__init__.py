@@ -165,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    from gateway.compat import quiet_sdk_notification_errors
+
+    quiet_sdk_notification_errors()
     from mcp import MCPDeprecationWarning
 
     warnings.filterwarnings("ignore", category=MCPDeprecationWarning)

@@ -30,6 +30,24 @@ if "--deep" in sys.argv:  # a reply nested 1,500 levels deep (deeper than Python
     TOOLS.append({"name": "deep", "description": "Answer deeply nested.", "inputSchema": {"type": "object"}})
 
 
+if "--deep" in sys.argv:  # (also) a tool that writes hostile lines before its real reply
+    TOOLS.append({"name": "junk", "description": "Hostile lines, then the reply.", "inputSchema": {"type": "object"}})
+JUNK = [
+    b"",
+    b"   ",
+    b"not json",
+    b"{",
+    b'{"jsonrpc": "2.0", "method": "notifications/message", "params": ' + b"[" * 1500 + b"]" * 1500 + b"}",
+    b'{"jsonrpc": "2.0", "id": [1, 2], "result": {}}',
+    b'{"jsonrpc": "2.0", "id": {"a": 1}, "result": {}}',
+    b'{"jsonrpc": "2.0", "id": 987654, "result": {"content": []}}',
+    b'{"jsonrpc": "2.0", "id": "gw-999999", "result": {"content": []}}',
+    b'{"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progressToken": [1], "progress": NaN}}',
+    b'{"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "\xff\xed\xa0\x80"}}',
+    b'{"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "' + b"h" * 5_000_000 + b'"}}',
+]
+
+
 if "--cut" in sys.argv:  # a tool whose reply stops half way: the process dies mid-line
     TOOLS.append({"name": "cut", "description": "Die while answering.", "inputSchema": {"type": "object"}})
 
@@ -67,6 +85,12 @@ for line in sys.stdin:
         sys.stdout.write(head[: head.index('"x"') + 1] + "partial " * 1_000_000)
         sys.stdout.flush()
         sys.exit(1)
+    elif method == "tools/call" and msg["params"]["name"] == "junk":
+        n = int((msg["params"].get("arguments") or {}).get("n", 0))
+        for junk in JUNK[n % len(JUNK) :] + JUNK[: n % len(JUNK)]:
+            sys.stdout.buffer.write(junk + b"\n")
+        sys.stdout.buffer.flush()
+        reply(msg_id, {"content": [{"type": "text", "text": f"after junk {n}"}], "structuredContent": {"n": n}})
     elif method == "tools/call" and msg["params"]["name"] == "deep":
         nested = "[" * 1500 + "]" * 1500
         sys.stdout.write(
