@@ -44,7 +44,9 @@ JUNK = [
     b'{"jsonrpc": "2.0", "id": "gw-999999", "result": {"content": []}}',
     b'{"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progressToken": [1], "progress": NaN}}',
     b'{"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "\xff\xed\xa0\x80"}}',
-    b'{"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "' + b"h" * 5_000_000 + b'"}}',
+    b'{"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "'
+    + b"h" * 5_000_000
+    + b'"}}',
 ]
 
 
