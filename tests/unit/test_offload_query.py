@@ -39,3 +39,15 @@ def test_huge_rows_stop_at_the_answer_cap(explorer: tuple[Explorer, str], monkey
     assert str(answer["row_count"]).startswith("more than ") and "larger than 4.0 MB" in answer["note"]
     saved = Path(answer["fileRef"]["path"])
     assert saved.stat().st_size < 6 * 1024 * 1024  # 1,000 rows of 0.5 MB were never all read
+
+
+def test_a_conversions_temp_files_survive_another_gateways_start(tmp_path: Path) -> None:
+    """Temp files of a conversion carry this process's id: a second gateway starting on the same
+    workspace (its sweep of stale temp files) leaves a live one's alone, and removes a dead one's."""
+    result = tmp_path / "r.json"
+    live = query._temp(result, "duckdb")
+    live.write_bytes(b"being written")
+    dead = tmp_path / ".r.json.duckdb.999999999.1.tmp"
+    dead.write_bytes(b"left by a gateway that died")
+    ResponseStore(tmp_path).remove_stale_temp_files()
+    assert live.exists() and not dead.exists()
