@@ -47,6 +47,10 @@ def _private_tmp(tmp_path_factory: pytest.TempPathFactory) -> Any:
         os.environ["TMPDIR"] = saved_env
 
 
+# the initialize params a hand-written raw host sends (tests that speak JSON-RPC lines themselves)
+RAW_HELLO = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}
+
+
 def probe(name: str = "probe", *extra: str, **cfg: Any) -> dict[str, Any]:
     """A `[servers.X]` table that starts the probe server over stdio."""
     return {"command": PY, "args": [PROBE, "--name", name, *extra], **cfg}

@@ -9,7 +9,7 @@ from typing import Any
 
 import anyio
 import pytest
-from conftest import PY, gateway_env, probe, write_config
+from conftest import PY, RAW_HELLO, gateway_env, probe, write_config
 
 pytestmark = pytest.mark.anyio
 RAW = str(Path(__file__).parent / "servers" / "raw_server.py")
@@ -46,8 +46,7 @@ async def _host(tmp_path: Path, lean: bool) -> Any:
     errlog = open(tmp_path / "gw.err", "wb")  # noqa: SIM115 - closed with the process below
     process = await anyio.open_process([PY, "-m", "gateway", "--config", str(cfg)], env=gateway_env(), stderr=errlog)
     host = RawHost(process)
-    hello = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}
-    await host.send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello})
+    await host.send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": RAW_HELLO})
     await host.reply(1)
     await host.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
     await host.send({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})

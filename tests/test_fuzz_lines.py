@@ -12,7 +12,7 @@ from typing import Any
 
 import anyio
 import pytest
-from conftest import PY, gateway_env, probe, write_config
+from conftest import PY, RAW_HELLO, gateway_env, probe, write_config
 
 pytestmark = pytest.mark.anyio
 RAW = str(Path(__file__).parent / "servers" / "raw_server.py")
@@ -122,9 +122,8 @@ async def _run(tmp_path: Path, lean: bool, lines: list[bytes], answered: list[in
                 if isinstance(message.get("id"), int):
                     replies[message["id"]] = line
 
-        hello = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "fuzz", "version": "1"}}
         await process.stdin.send(
-            json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}).encode() + b"\n"
+            json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": RAW_HELLO}).encode() + b"\n"
         )
         await process.stdin.send(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n')
         await process.stdin.send(b'{"jsonrpc": "2.0", "id": 2, "method": "tools/list"}\n')

@@ -15,7 +15,7 @@ from typing import Any
 
 import anyio
 import pytest
-from conftest import PY, call, gateway_env, gateway_pid, ok, peak_rss, probe, text_of, write_config
+from conftest import PY, RAW_HELLO, call, gateway_env, gateway_pid, ok, peak_rss, probe, text_of, write_config
 from mcp import ClientSession
 
 from gateway.proxy.upstream_stdio import linear_stdio_client
@@ -126,18 +126,7 @@ async def test_the_exit_does_not_wait_for_a_conversion(tmp_path: Path) -> None:
                 return message
 
     try:
-        send(
-            {
-                "jsonrpc": "2.0",
-                "id": 1,
-                "method": "initialize",
-                "params": {
-                    "protocolVersion": "2025-11-25",
-                    "capabilities": {},
-                    "clientInfo": {"name": "t", "version": "1"},
-                },
-            }
-        )
+        send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": RAW_HELLO})
         reply(1)
         send({"jsonrpc": "2.0", "method": "notifications/initialized"})
         send(

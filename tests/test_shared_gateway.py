@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from conftest import (
     PY,
+    RAW_HELLO,
     call,
     eventually,
     gateway_env,
@@ -70,9 +71,8 @@ def test_a_sighup_while_starting_does_not_end_the_gateway(tmp_path: Path) -> Non
         time.sleep(0.5)  # inside the start-up window, where a SIGHUP used to kill it (exit 129)
         proc.send_signal(signal.SIGHUP)
         assert proc.stdin is not None and proc.stdout is not None
-        hello = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
         proc.stdin.write(
-            (json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}) + "\n").encode()
+            (json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": RAW_HELLO}) + "\n").encode()
         )
         proc.stdin.flush()
         answer = json.loads(proc.stdout.readline())
