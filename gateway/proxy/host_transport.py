@@ -116,14 +116,15 @@ class BearerAuth:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http":
-            given = dict(scope.get("headers") or []).get(b"authorization", b"")
+            headers = dict(scope.get("headers") or [])
+            given = headers.get(b"authorization", b"")
             namespace = self._namespace(given)
             scope[NAMESPACE_SCOPE_KEY] = namespace or ""
             if namespace is None:
                 body = b'{"error": "missing or wrong bearer token (Authorization: Bearer <auth_token>)"}'
                 await _answer(send, 401, body, [(b"www-authenticate", b"Bearer")])
                 return
-            session = dict(scope.get("headers") or []).get(b"mcp-session-id")
+            session = headers.get(b"mcp-session-id")
             if session is not None and self.owners.get(session, namespace) != namespace:
                 await _answer(send, 404, b'{"error": "session not found"}')
                 return
