@@ -40,8 +40,8 @@ class RawHost:
         return await self.reply(rid)
 
 
-async def _host(tmp_path: Path, lean: bool) -> Any:
-    servers = {"p": probe("p"), "raw": {"command": PY, "args": [RAW, "--deep"]}}
+async def _host(tmp_path: Path, lean: bool, timeout: float = 60) -> Any:
+    servers = {"p": probe("p"), "raw": {"command": PY, "args": [RAW, "--deep"], "timeout_seconds": timeout}}
     cfg = write_config(tmp_path, servers, lean_path=lean)
     errlog = open(tmp_path / "gw.err", "wb")  # noqa: SIM115 - closed with the process below
     process = await anyio.open_process([PY, "-m", "gateway", "--config", str(cfg)], env=gateway_env(), stderr=errlog)
@@ -120,3 +120,25 @@ async def test_invalid_utf8_is_read_the_same_on_both_paths(tmp_path: Path, lean:
         finally:
             process.terminate()
             errlog.close()
+
+
+async def test_a_call_that_cannot_be_written_leaves_no_timer_behind(tmp_path: Path) -> None:
+    """Arguments deep enough to parse but too deep to encode again (the write raises): the call is
+    answered at once, and no timer of it is left to answer the same id later, when the host has reused
+    it for another call."""
+    process, host, errlog = await _host(tmp_path, True, timeout=1)
+    async with process:
+        try:
+            deep = "[" * 973 + "]" * 973
+            await host.send(
+                '{"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "raw__legacy_echo", '
+                f'"arguments": {{"text": {deep}}}}}}}'
+            )
+            first = await host.reply(7)
+            assert "nested too deeply" in json.dumps(first)
+            again = await host.call(7, "p__slow", {"seconds": 2})  # the same id, past the first call's timeout
+            assert again["result"]["content"][0]["text"] == "slept", again
+        finally:
+            process.terminate()
+            errlog.close()
+    assert "Traceback" not in (tmp_path / "gw.err").read_text()

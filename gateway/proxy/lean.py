@@ -362,6 +362,8 @@ class LeanFront:
     def _begin(self, rid: str | int, call: ToolCall, session: Any, send: Send, write: Write) -> None:
         try:
             cancel = self.start(call, lambda result: self._answer(rid, call, session, send, write, result))
+        except RecursionError:  # arguments too deep to encode: the task's path answers it in one line
+            cancel = None
         except Exception:  # the task's path answers it (and logs what failed there)
             log.exception("starting tools/call %s on the lean path failed", call.name)
             cancel = None

@@ -465,6 +465,12 @@ class Gateway:
     async def _guarded_call(self, call: ToolCall) -> types.CallToolResult:
         try:
             return await self.call(call)
+        except RecursionError:  # arguments nested nearly as deep as the parser goes: they cannot be sent on
+            log.warning("tool %s: its arguments are nested too deeply to send on", call.name)
+            return error_result(
+                f"'{call.name}' was not called: its arguments are nested too deeply to send on (about 1,000 "
+                "levels); flatten them"
+            )
         except Exception as exc:
             log.exception("tool %s failed inside the gateway", call.name)
             return error_result(
