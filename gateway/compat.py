@@ -147,3 +147,14 @@ class _NotificationWithoutTraceback(logging.Filter):
 
 def quiet_sdk_notification_errors() -> None:
     logging.getLogger("client").addFilter(_NotificationWithoutTraceback())  # the SDK client session's logger
+
+
+def awaits_response(session: Any, request_id: Any) -> bool:
+    """Whether the SDK's client session still waits for the response with this id (its dispatcher's
+    pending requests: private). True when that cannot be told, so nothing is ever dropped wrongly."""
+    try:
+        from mcp.shared.jsonrpc_dispatcher import coerce_request_id
+
+        return coerce_request_id(request_id) in session._dispatcher._pending
+    except Exception:
+        return True

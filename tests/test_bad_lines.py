@@ -40,9 +40,9 @@ class RawHost:
         return await self.reply(rid)
 
 
-async def _host(tmp_path: Path, lean: bool, timeout: float = 60) -> Any:
+async def _host(tmp_path: Path, lean: bool, timeout: float = 60, plugins: list[str] | None = None) -> Any:
     servers = {"p": probe("p"), "raw": {"command": PY, "args": [RAW, "--deep"], "timeout_seconds": timeout}}
-    cfg = write_config(tmp_path, servers, lean_path=lean)
+    cfg = write_config(tmp_path, servers, lean_path=lean, plugins=plugins or [])
     errlog = open(tmp_path / "gw.err", "wb")  # noqa: SIM115 - closed with the process below
     process = await anyio.open_process([PY, "-m", "gateway", "--config", str(cfg)], env=gateway_env(), stderr=errlog)
     host = RawHost(process)
@@ -142,3 +142,27 @@ async def test_a_call_that_cannot_be_written_leaves_no_timer_behind(tmp_path: Pa
             process.terminate()
             errlog.close()
     assert "Traceback" not in (tmp_path / "gw.err").read_text()
+
+
+async def test_a_cancelled_calls_late_huge_reply_leaves_no_files(tmp_path: Path) -> None:
+    """A 6 MB reply (spilled to disk as it arrives) to a call the host cancelled, on the SDK's path: the
+    SDK drops it, and its files go with it instead of waiting for the 15-minute sweep."""
+    process, host, errlog = await _host(tmp_path, False, plugins=["offload"])  # offload reads spilled texts
+    spill_dir = tmp_path / "ws" / "spill"
+    async with process:
+        try:
+            big = {"name": "raw__late_big", "arguments": {"size": 6_000_000, "delay": 1}}
+            await host.send({"jsonrpc": "2.0", "id": 60, "method": "tools/call", "params": big})
+            await host.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 60}})
+            echo = await host.call(61, "p__echo", {"text": "after"})  # the gateway goes on
+            assert "after" in json.dumps(echo)
+            # the late reply comes (the server ignores the cancel): its spool folder appears as it arrives,
+            # then holds nothing once the reply is dropped (before, its text stayed on disk for 15 minutes)
+            with anyio.fail_after(30):
+                while not spill_dir.is_dir():
+                    await anyio.sleep(0.05)
+                while any(spill_dir.iterdir()):
+                    await anyio.sleep(0.05)
+        finally:
+            process.terminate()
+            errlog.close()

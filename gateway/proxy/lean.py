@@ -105,6 +105,8 @@ class RawRequests:
         self._pending: dict[str, tuple[Settle, Progress | None]] = {}
         self._ids = itertools.count(1)
         self._cancels: set[asyncio.Task[None]] = set()  # cancels waiting for a peer that is behind
+        # whether the SDK's session beside us still waits for a response id (set once it runs)
+        self.sdk_awaits: Callable[[Any], bool] | None = None
 
     @property
     def ready(self) -> bool:
@@ -124,6 +126,14 @@ class RawRequests:
             except Exception:  # one caller's failure leaves no other waiting
                 log.exception("a lean request could not be failed")
 
+    def _late_for_sdk(self, rid: Any) -> bool:
+        return (
+            self.sdk_awaits is not None
+            and isinstance(rid, (str, int))
+            and not isinstance(rid, bool)
+            and not self.sdk_awaits(rid)
+        )
+
     def worth(self, line: bytes) -> bool:
         """Whether a line from the upstream may be for this path (`stdio_lines.line_tap`)."""
         return bool(self._pending)
@@ -138,6 +148,9 @@ class RawRequests:
                 waiting[0](_outcome(raw))
             else:  # a late reply to a cancelled request: dropped, and the files it left on disk with it
                 spill.discard(raw)
+            return True
+        if spill.pending() and "method" not in raw and self._late_for_sdk(rid):
+            spill.discard(raw)  # the SDK would drop it (its call was cancelled) and never release its files
             return True
         if not self._pending:
             return False
@@ -306,6 +319,14 @@ class LeanFront:
         for cancel in list(self._flights.values()):
             cancel()
         self._flights.clear()
+
+    def _late_for_sdk(self, rid: Any) -> bool:
+        return (
+            self.sdk_awaits is not None
+            and isinstance(rid, (str, int))
+            and not isinstance(rid, bool)
+            and not self.sdk_awaits(rid)
+        )
 
     def worth(self, line: bytes) -> bool:
         """Whether a line from the host may be for this path (`stdio_lines.line_tap`): a call, or a

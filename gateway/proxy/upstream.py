@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import time
@@ -266,6 +267,7 @@ class Upstream:
                     "(a first npx run downloads packages: raise init_timeout_seconds)"
                 ) from None
             self.session, self.state, self.error, self.next_retry_at = session, "ok", "", None
+            self.raw.sdk_awaits = functools.partial(compat.awaits_response, session)
             log.info("upstream %s: ready, %d tools", self.name, len(self.tools))
             self.ready.set()
             await self._notify()

@@ -32,6 +32,7 @@ if "--deep" in sys.argv:  # a reply nested 1,500 levels deep (deeper than Python
 
 if "--deep" in sys.argv:  # (also) a tool that writes hostile lines before its real reply
     TOOLS.append({"name": "junk", "description": "Hostile lines, then the reply.", "inputSchema": {"type": "object"}})
+    TOOLS.append({"name": "late_big", "description": "A big reply, late.", "inputSchema": {"type": "object"}})
 JUNK = [
     b"",
     b"   ",
@@ -93,6 +94,12 @@ for line in sys.stdin:
             sys.stdout.buffer.write(junk + b"\n")
         sys.stdout.buffer.flush()
         reply(msg_id, {"content": [{"type": "text", "text": f"after junk {n}"}], "structuredContent": {"n": n}})
+    elif method == "tools/call" and msg["params"]["name"] == "late_big":  # slow, big, deaf to cancels
+        args = msg["params"].get("arguments") or {}
+        import time
+
+        time.sleep(float(args.get("delay", 1)))
+        reply(msg_id, {"content": [{"type": "text", "text": "L" * int(args.get("size", 6_000_000))}]})
     elif method == "tools/call" and msg["params"]["name"] == "deep":
         nested = "[" * 1500 + "]" * 1500
         sys.stdout.write(
