@@ -389,3 +389,39 @@ async def test_an_upstream_question_never_reaches_another_tenant(tmp_path: Path)
             assert text_of(hers).startswith("refused:") and "declines" in text_of(hers), text_of(hers)
             assert text_of(bobs[0]) == "accept:Bob"
             assert text_of(await alice.call_tool("p__ask", {"via": "sampling"})) == "sampled:alice-says"
+
+
+async def test_one_tenants_open_rounds_never_evict_anothers(tmp_path: Path) -> None:
+    """2026-era hosts over HTTP: bob opens an `input_required` round, then alice opens 260 she never
+    answers (on a server of her own: on a shared one her questions could not be told from his, and are
+    declined); bob's answer still resumes his call (a process-wide cap of 256 used to evict it)."""
+    from mcp import Client
+
+    port = free_port()
+    cfg = write_config(tmp_path, {"p": probe("p"), "q": probe("q")}, plugins=[])
+    cfg.write_text(
+        cfg.read_text()
+        + f'\n[[auth.tokens]]\nname = "alice"\ntoken = "{ALICE}"\n\n[[auth.tokens]]\nname = "bob"\ntoken = "{BOB}"\n'
+    )
+    cmd = [PY, "-m", "gateway", "--config", str(cfg), "--transport", "http", "--port", str(port)]
+    url = f"http://127.0.0.1:{port}/mcp"
+    with serving(cmd, f"http://127.0.0.1:{port}/nothing", gateway_env()):
+        async with (
+            httpx2.AsyncClient(headers={"Authorization": f"Bearer {ALICE}"}, timeout=httpx2.Timeout(60)) as ha,
+            httpx2.AsyncClient(headers={"Authorization": f"Bearer {BOB}"}, timeout=httpx2.Timeout(60)) as hb,
+            Client(streamable_http_client(url, http_client=ha)) as alice,
+            Client(streamable_http_client(url, http_client=hb)) as bob,
+        ):
+            assert bob.protocol_version == "2026-07-28"
+            his = await bob.session.call_tool("p__ask", {}, allow_input_required=True)
+            assert isinstance(his, types.InputRequiredResult)
+            with anyio.fail_after(120):
+                for _ in range(260):
+                    hers = await alice.session.call_tool("q__ask", {}, allow_input_required=True)
+                    assert isinstance(hers, types.InputRequiredResult)
+            (key,) = his.input_requests
+            answer = {key: types.ElicitResult(action="accept", content={"name": "Bob"})}
+            done = await bob.session.call_tool(
+                "p__ask", {}, input_responses=answer, request_state=his.request_state, allow_input_required=True
+            )
+            assert text_of(done) == "accept:Bob"

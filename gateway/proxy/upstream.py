@@ -518,7 +518,12 @@ class Upstream:
         theirs, and a prompt about one caller's data must never reach another, so it is declined."""
         if not self._in_flight:
             return None, ""
-        hosts = {id(f.host_session) if f.exchange is None else id(f.exchange) for f in self._in_flight}
+        # who the calls belong to: a handshake-era host by its connection, a 2026-era one (each call its own
+        # exchange) by its namespace, the token it came with
+        hosts = {
+            ("host", id(f.host_session)) if f.exchange is None else ("ns", f.exchange.namespace)
+            for f in self._in_flight
+        }
         if len(hosts) > 1:
             return None, (
                 f"calls of {len(hosts)} different hosts are in flight on the shared server '{self.name}', and "
