@@ -161,14 +161,27 @@ async def test_a_huge_meta_is_counted_and_kept_out(tmp_path: Path) -> None:
         assert saved["rows"] == [[5_000_000]]
 
 
-async def test_a_long_conversion_does_not_hold_another_results_query(tmp_path: Path) -> None:
-    """A 60 MB result is still being turned into tables when a small result is asked: the small one's
-    answer comes while the large conversion still runs (one process each, no lock between them)."""
-    async with _gateway(tmp_path) as (session, _):
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads peak memory from /proc (Linux)")
+@pytest.mark.parametrize("kind", ["records", "wide"])
+async def test_a_long_conversion_does_not_hold_another_results_query(tmp_path: Path, kind: str) -> None:
+    """A large result is still being turned into tables when a small result is asked: the small one's
+    answer comes while the large conversion still runs (one process each, no lock between them). The
+    large one: 60 MB of records, or 30 MB of 100,000 objects whose 20 keys no other object has."""
+    async with _gateway(tmp_path) as (session, cfg):
         small = await _offloaded(session)
         await ok(session, "response_query", {"path": small, "sql": "SELECT count(*) FROM items"})
-        big = await _offloaded(session, 60_000_000)
+        pid = gateway_pid(cfg)
+        before = peak_rss(pid)
+        if kind == "wide":
+            wide = await call(session, "p__big", {"size": 30_000_000, "kind": "wide"})
+            big = json.loads(text_of(wide))["fileRef"]["id"]
+        else:
+            big = await _offloaded(session, 60_000_000)
         answer = await ok(session, "response_query", {"path": small, "sql": "SELECT max(id) FROM items"})
         assert answer["rows"] == [[2499]]
         sidecar = list((tmp_path / "ws").rglob(f".*{big.removeprefix('resp_')}*.duckdb"))
         assert sidecar == []  # the large conversion had not finished when the small answer came
+        if kind == "wide":  # and when it has, the result is one JSON value a row, in bounded memory
+            counted = await ok(session, "response_query", {"path": big, "sql": "SELECT count(*) FROM items"})
+            assert counted["rows"] == [[100_000]]
+            assert peak_rss(pid) - before < 1024 * 1024 * 1024  # it peaked at 1.4 GB

@@ -160,6 +160,10 @@ def build(name: str, extra_tools: int, shuffle: bool = False, mutate: str = "") 
                 return types.CallToolResult(
                     content=[types.TextContent(text="done")], _meta={"trace": "t" * size, "small": 1}
                 )
+            if kind == "wide":  # every object with keys no other has (a wide, sparse result)
+                n = max(1, size // 300)
+                rows = [{f"k{i}_{j}": j for j in range(20)} for i in range(n)]
+                return types.CallToolResult(content=[types.TextContent(text=json.dumps(rows))])
             if kind == "text":
                 line = "2026-11-30T10:00:00Z INFO request handled path=/api/items status=200\n"
                 return types.CallToolResult(content=[types.TextContent(text=(line * (size // len(line) + 1))[:size])])
