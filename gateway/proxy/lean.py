@@ -320,14 +320,6 @@ class LeanFront:
             cancel()
         self._flights.clear()
 
-    def _late_for_sdk(self, rid: Any) -> bool:
-        return (
-            self.sdk_awaits is not None
-            and isinstance(rid, (str, int))
-            and not isinstance(rid, bool)
-            and not self.sdk_awaits(rid)
-        )
-
     def worth(self, line: bytes) -> bool:
         """Whether a line from the host may be for this path (`stdio_lines.line_tap`): a call, or a
         cancel while calls run. Anything else (or an escaped method name) reaches `intercept` through
