@@ -239,14 +239,19 @@ async def _as(url: str, token: str):
     return session()
 
 
-async def test_named_tokens_each_get_their_own_namespace(tmp_path: Path) -> None:
+def _two_tenants(tmp_path: Path, servers: dict[str, Any], plugins: list[str]) -> tuple[list[str], int]:
+    """The command line of an HTTP gateway with two named tokens, alice and bob, and its port."""
     port = free_port()
-    cfg = write_config(tmp_path, {"p": probe("p")}, plugins=["offload", "memory", "documents"])
+    cfg = write_config(tmp_path, servers, plugins=plugins)
     cfg.write_text(
         cfg.read_text()
         + f'\n[[auth.tokens]]\nname = "alice"\ntoken = "{ALICE}"\n\n[[auth.tokens]]\nname = "bob"\ntoken = "{BOB}"\n'
     )
-    cmd = [PY, "-m", "gateway", "--config", str(cfg), "--transport", "http", "--port", str(port)]
+    return [PY, "-m", "gateway", "--config", str(cfg), "--transport", "http", "--port", str(port)], port
+
+
+async def test_named_tokens_each_get_their_own_namespace(tmp_path: Path) -> None:
+    cmd, port = _two_tenants(tmp_path, {"p": probe("p")}, ["offload", "memory", "documents"])
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, env=gateway_env())
     url = f"http://127.0.0.1:{port}/mcp"
     try:
@@ -313,13 +318,7 @@ async def test_metrics_in_prometheus_text_under_the_same_rules(tmp_path: Path) -
 
 def test_a_session_belongs_to_the_token_that_opened_it(tmp_path: Path) -> None:
     """bob, holding alice's `mcp-session-id`, can neither use it nor end it: as for an unknown session."""
-    port = free_port()
-    cfg = write_config(tmp_path, {"p": probe("p")}, plugins=["offload"])
-    cfg.write_text(
-        cfg.read_text()
-        + f'\n[[auth.tokens]]\nname = "alice"\ntoken = "{ALICE}"\n\n[[auth.tokens]]\nname = "bob"\ntoken = "{BOB}"\n'
-    )
-    cmd = [PY, "-m", "gateway", "--config", str(cfg), "--transport", "http", "--port", str(port)]
+    cmd, port = _two_tenants(tmp_path, {"p": probe("p")}, ["offload"])
     url = f"http://127.0.0.1:{port}/mcp"
     with serving(cmd, f"http://127.0.0.1:{port}/nothing", gateway_env()):
         as_alice = JSON_HEADERS | {"authorization": f"Bearer {ALICE}"}
@@ -340,13 +339,7 @@ async def test_an_upstream_question_never_reaches_another_tenant(tmp_path: Path)
     """While bob's call runs on the shared server (it waits on bob's own question), alice's call makes
     the server ask for a completion: the gateway cannot tell whose call asked, so it declines; bob's host
     is never sent alice's prompt. Alone on the server, her question goes to her own host."""
-    port = free_port()
-    cfg = write_config(tmp_path, {"p": probe("p")}, plugins=[])
-    cfg.write_text(
-        cfg.read_text()
-        + f'\n[[auth.tokens]]\nname = "alice"\ntoken = "{ALICE}"\n\n[[auth.tokens]]\nname = "bob"\ntoken = "{BOB}"\n'
-    )
-    cmd = [PY, "-m", "gateway", "--config", str(cfg), "--transport", "http", "--port", str(port)]
+    cmd, port = _two_tenants(tmp_path, {"p": probe("p")}, [])
     url = f"http://127.0.0.1:{port}/mcp"
     sampled: dict[str, list[str]] = {"alice": [], "bob": []}
     bob_asked, release_bob = anyio.Event(), anyio.Event()
@@ -397,13 +390,7 @@ async def test_one_tenants_open_rounds_never_evict_anothers(tmp_path: Path) -> N
     declined); bob's answer still resumes his call (a process-wide cap of 256 used to evict it)."""
     from mcp import Client
 
-    port = free_port()
-    cfg = write_config(tmp_path, {"p": probe("p"), "q": probe("q")}, plugins=[])
-    cfg.write_text(
-        cfg.read_text()
-        + f'\n[[auth.tokens]]\nname = "alice"\ntoken = "{ALICE}"\n\n[[auth.tokens]]\nname = "bob"\ntoken = "{BOB}"\n'
-    )
-    cmd = [PY, "-m", "gateway", "--config", str(cfg), "--transport", "http", "--port", str(port)]
+    cmd, port = _two_tenants(tmp_path, {"p": probe("p"), "q": probe("q")}, [])
     url = f"http://127.0.0.1:{port}/mcp"
     with serving(cmd, f"http://127.0.0.1:{port}/nothing", gateway_env()):
         async with (
