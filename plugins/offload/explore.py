@@ -152,12 +152,10 @@ class Explorer:
             nxt, prev = json_values.neighbours(path, steps)
         shown, cut = fit(value, budget)
         if remainder is not None:  # a wildcard or filter: its matches, counted
-            left = (
-                int(shown[-1][3:].split()[0])
-                if cut and isinstance(shown[-1], str) and shown[-1].startswith("…(+")
-                else 0
-            )
-            return self._matches_answer(path, json_path, steps, shown[:-1] if left else shown, len(value), budget)
+            # fit ends a cut list with its "…(+N more items)" marker: the answer counts instead
+            marker = f"…(+{len(value) - len(shown) + 1} more items)"
+            matches = shown[:-1] if cut and shown and shown[-1] == marker else shown
+            return self._matches_answer(path, json_path, steps, matches, len(value), budget)
         return _slice_answer(json_path, steps, remainder, shown, cut, _deeper(steps, value), budget, nxt, prev)
 
     def _matches_answer(
