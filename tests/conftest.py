@@ -238,3 +238,16 @@ def peak_rss(pid: int) -> int:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024
     raise AssertionError("no VmHWM")
+
+
+def gateway_pipes(config: Path) -> Any:
+    """A gateway process over stdio that a test speaks raw JSON-RPC lines to (stdin and stdout pipes)."""
+    import subprocess
+
+    return subprocess.Popen(
+        [PY, "-m", "gateway", "--config", str(config)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=gateway_env(),
+    )

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -15,7 +14,19 @@ from typing import Any
 
 import anyio
 import pytest
-from conftest import PY, RAW_HELLO, call, gateway_env, gateway_pid, ok, peak_rss, probe, text_of, write_config
+from conftest import (
+    PY,
+    RAW_HELLO,
+    call,
+    gateway_env,
+    gateway_pid,
+    gateway_pipes,
+    ok,
+    peak_rss,
+    probe,
+    text_of,
+    write_config,
+)
 from mcp import ClientSession
 
 from gateway.proxy.upstream_stdio import linear_stdio_client
@@ -103,16 +114,10 @@ async def test_a_damaged_sidecar_is_built_again_and_comments_end_a_query(tmp_pat
 
 
 async def test_the_exit_does_not_wait_for_a_conversion(tmp_path: Path) -> None:
-    """A wide, sparse result (every object with keys no other has) is being converted when the gateway is
-    told to stop: it ends at once, not when the conversion ends."""
+    """A 60 MB result is being converted when the gateway is told to stop: it ends at once, not when the
+    conversion ends (the conversion's process is killed)."""
     cfg = write_config(tmp_path, {"p": probe("p")}, plugins=["offload"], max_response_size=4096)
-    proc = subprocess.Popen(
-        [PY, "-m", "gateway", "--config", str(cfg)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        env=gateway_env(),
-    )
+    proc = gateway_pipes(cfg)
     assert proc.stdin is not None and proc.stdout is not None
 
     def send(message: dict[str, Any]) -> None:

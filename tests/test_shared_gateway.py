@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from conftest import (
     eventually,
     gateway_env,
     gateway_pid,
+    gateway_pipes,
     inproc,
     make_settings,
     probe,
@@ -60,13 +60,7 @@ def test_token_names_that_differ_by_case_are_refused(tmp_path: Path) -> None:
 def test_a_sighup_while_starting_does_not_end_the_gateway(tmp_path: Path) -> None:
     """A SIGHUP right after start (before the reloader listens) is remembered, not the end of the process."""
     cfg = write_config(tmp_path, {"p": probe("p")})
-    proc = subprocess.Popen(
-        [PY, "-m", "gateway", "--config", str(cfg)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        env=gateway_env(),
-    )
+    proc = gateway_pipes(cfg)
     try:
         time.sleep(0.5)  # inside the start-up window, where a SIGHUP used to kill it (exit 129)
         proc.send_signal(signal.SIGHUP)
