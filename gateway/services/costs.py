@@ -100,11 +100,7 @@ def meta_size(meta: Any) -> int:
     is held there, so its bytes count toward the size limit (not toward tokens)."""
     if not meta:
         return 0
-    size = len(pydantic_core.to_json(meta))
-    for key in set(spill.keys_in(meta)):  # a long string the reader left on disk: its own size
-        if (part := spill.of(spill.MARK + key)) is not None:
-            size += part.size - len(spill.MARK + key)
-    return size
+    return len(pydantic_core.to_json(meta)) + _on_disk(meta)[0]
 
 
 def result_cost(result: types.CallToolResult) -> Cost:
@@ -137,7 +133,15 @@ def _structured_cost(structured: Any, texts: list[str]) -> tuple[int, int, int |
         return raw.size, raw.tokens, None
     data = pydantic_core.to_json(structured)
     size, tokens = len(data), estimate_tokens(data.decode())
-    for key in set(spill.keys_in(structured)):
-        if (part := spill.of(spill.MARK + key)) is not None:  # the marker's place holds the whole text
+    extra_size, extra_tokens = _on_disk(structured)
+    return size + extra_size, tokens + extra_tokens, duplicated_text(structured, texts, data)
+
+
+def _on_disk(value: Any) -> tuple[int, int]:
+    """What the long strings the reader left on disk add to a value's figures: each marker's place
+    holds the whole text (its bytes less the marker's, and its tokens)."""
+    size = tokens = 0
+    for key in set(spill.keys_in(value)):
+        if (part := spill.of(spill.MARK + key)) is not None:
             size, tokens = size + part.size - len(spill.MARK + key), tokens + part.tokens
-    return size, tokens, duplicated_text(structured, texts, data)
+    return size, tokens
