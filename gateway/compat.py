@@ -151,7 +151,10 @@ def quiet_sdk_notification_errors() -> None:
 
 def awaits_response(session: Any, request_id: Any) -> bool:
     """Whether the SDK's client session still waits for the response with this id (its dispatcher's
-    pending requests: private). True when that cannot be told, so nothing is ever dropped wrongly."""
+    pending requests: private). True when that cannot be told (or the id is no request id), so nothing
+    is ever dropped wrongly."""
+    if not isinstance(request_id, (str, int)) or isinstance(request_id, bool):
+        return True
     try:
         from mcp.shared.jsonrpc_dispatcher import coerce_request_id
 

@@ -33,6 +33,7 @@ from gateway.proxy.routing import URI_SEP
 
 pytestmark = pytest.mark.anyio
 RAW = str(Path(__file__).parent / "servers" / "raw_server.py")  # a server without logging or completions
+RAW_HTTP = str(Path(__file__).parent / "servers" / "raw_http_server.py")  # 2025-era HTTP, deaf to cancels
 
 
 async def list_all_tools(session: ClientSession) -> list[types.Tool]:
@@ -221,6 +222,30 @@ async def test_http_upstream_and_reinitialize_after_restart(tmp_path: Path) -> N
                 while (r := await call(session, "web__whoami")).is_error:
                     await anyio.sleep(0.3)
             assert text_of(r) == "web"
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+async def test_a_late_reply_over_http_to_a_cancelled_call_leaves_no_files(tmp_path: Path) -> None:
+    """A 2025-era HTTP upstream deaf to cancels sends its 6 MB reply after the host gave up: the reply is
+    spooled as it streams, the SDK drops it, and its files go with it (they stayed for 15 minutes)."""
+    port = free_port()
+    server = subprocess.Popen([PY, RAW_HTTP, str(port)], stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        settings = make_settings(tmp_path, {"web": {"url": f"http://127.0.0.1:{port}/mcp"}}, plugins=["offload"])
+        spill_dir = tmp_path / "ws" / "spill"
+        async with inproc(settings) as (gateway, session):
+            await eventually(lambda: gateway.upstreams["web"].state == "ok", 20, "the HTTP upstream is ready")
+            marker = tmp_path / "called"
+            args = {"size": 6_000_000, "delay": 1, "marker": str(marker)}
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(session.call_tool, "web__late_big", args)
+                await eventually(marker.exists, 30, "the upstream has the call")
+                tg.cancel_scope.cancel()  # the host gives up; the reply comes a second later
+            assert text_of(await call(session, "web__echo", {"text": "after"})) == "after"
+            await eventually(spill_dir.is_dir, 30, "the late reply is spooled as it arrives")
+            await eventually(lambda: not any(spill_dir.iterdir()), 30, "the late reply's files are removed")
     finally:
         server.terminate()
         server.wait(10)

@@ -127,12 +127,7 @@ class RawRequests:
                 log.exception("a lean request could not be failed")
 
     def _late_for_sdk(self, rid: Any) -> bool:
-        return (
-            self.sdk_awaits is not None
-            and isinstance(rid, (str, int))
-            and not isinstance(rid, bool)
-            and not self.sdk_awaits(rid)
-        )
+        return self.sdk_awaits is not None and not self.sdk_awaits(rid)
 
     def worth(self, line: bytes) -> bool:
         """Whether a line from the upstream may be for this path (`stdio_lines.line_tap`)."""

@@ -109,7 +109,8 @@ class Upstream:
         self.name = name
         self.on_notice = on_notice  # log messages and resource updates, relayed to the hosts
         self.roots_host = roots_host  # the host to ask for roots outside a call (the latest that has them)
-        self.spiller = spiller  # long replies of a stdio server are spooled to disk (bounded memory)
+        self.spiller = spiller  # long replies of a stdio or HTTP server are spooled to disk (bounded memory)
+        self._spooling: SpoolingTransport | None = None  # an HTTP upstream's transport, while connected
         self.config = config
         self.log_path = log_dir / f"{name}.log"
         self.on_change = on_change
@@ -217,11 +218,10 @@ class Upstream:
                 ) as streams:
                     yield streams
         else:
+            self._spooling = SpoolingTransport(self.spiller) if self.spiller is not None else None
             async with (
                 httpx2.AsyncClient(
-                    headers=cfg.headers,
-                    timeout=httpx2.Timeout(30, read=None),
-                    transport=SpoolingTransport(self.spiller) if self.spiller is not None else None,
+                    headers=cfg.headers, timeout=httpx2.Timeout(30, read=None), transport=self._spooling
                 ) as http,
                 streamable_http_client(cfg.url, http_client=http, max_sse_event_size=None) as streams,
             ):
@@ -268,6 +268,8 @@ class Upstream:
                 ) from None
             self.session, self.state, self.error, self.next_retry_at = session, "ok", "", None
             self.raw.sdk_awaits = functools.partial(compat.awaits_response, session)
+            if self._spooling is not None:
+                self._spooling.awaits = self.raw.sdk_awaits
             log.info("upstream %s: ready, %d tools", self.name, len(self.tools))
             self.ready.set()
             await self._notify()

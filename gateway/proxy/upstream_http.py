@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import anyio.to_thread
 import httpx2
 
+from gateway.services import spill
 from gateway.services.spill import LineBuffer, Spiller
 
 log = logging.getLogger(__name__)
@@ -29,6 +30,9 @@ class SpoolingTransport(httpx2.AsyncBaseTransport):
     def __init__(self, spiller: Spiller, inner: httpx2.AsyncBaseTransport | None = None):
         self.spiller = spiller
         self.inner = inner or httpx2.AsyncHTTPTransport()
+        # whether the SDK's session still waits for a response id (set once it runs): a late reply to a
+        # cancelled call is dropped by the SDK, so the files its long strings left are released here
+        self.awaits: Callable[[Any], bool] | None = None
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         response = await self.inner.handle_async_request(request)
@@ -38,7 +42,7 @@ class SpoolingTransport(httpx2.AsyncBaseTransport):
         if encoded or not (sse or kind.startswith("application/json")):
             return response
         response.headers.pop("content-length", None)
-        response.stream = _Rewritten(response.stream, self.spiller, sse)  # type: ignore[arg-type]
+        response.stream = _Rewritten(response.stream, self, sse)  # type: ignore[arg-type]
         return response
 
     async def aclose(self) -> None:
@@ -46,9 +50,10 @@ class SpoolingTransport(httpx2.AsyncBaseTransport):
 
 
 class _Rewritten(httpx2.AsyncByteStream):
-    def __init__(self, inner: httpx2.AsyncByteStream, spiller: Spiller, sse: bool):
+    def __init__(self, inner: httpx2.AsyncByteStream, owner: SpoolingTransport, sse: bool):
         self.inner = inner
-        self.spiller = spiller
+        self.owner = owner
+        self.spiller = owner.spiller
         self.sse = sse
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
@@ -69,7 +74,7 @@ class _Rewritten(httpx2.AsyncByteStream):
             async for chunk in self.inner:
                 body.add(chunk)
             done = body.take()
-            yield done if isinstance(done, bytes) else await _read(self.spiller, done)
+            yield done if isinstance(done, bytes) else await _read(self.owner, done)
         finally:
             body.discard()
 
@@ -83,7 +88,7 @@ class _Rewritten(httpx2.AsyncByteStream):
                 while newline >= 0:
                     line.add(chunk[begin : newline + 1])
                     done = line.take()
-                    yield done if isinstance(done, bytes) else await _read_event_line(self.spiller, done)
+                    yield done if isinstance(done, bytes) else await _read_event_line(self.owner, done)
                     begin = newline + 1
                     newline = chunk.find(b"\n", begin)
                 if begin < len(chunk):
@@ -101,19 +106,19 @@ class _Rewritten(httpx2.AsyncByteStream):
             line.discard()
 
 
-async def _read_event_line(spiller: Spiller, spool: BinaryIO) -> bytes:
+async def _read_event_line(owner: SpoolingTransport, spool: BinaryIO) -> bytes:
     """A long SSE line from its spool: a `data:` line as `data: ` + its JSON with markers; any other
     line (or a `data:` line that is not JSON) as it came."""
     spool.flush()
     with open(spool.name, "rb") as fh:
         head = fh.read(6)
     if not head.startswith(b"data:"):
-        return await _read(spiller, spool, skip=None)
+        return await _read(owner, spool, skip=None)
     skip = 6 if head.startswith(b"data: ") else 5
-    return b"data: " + (await _read(spiller, spool, skip)).rstrip(b"\r\n") + b"\n"
+    return b"data: " + (await _read(owner, spool, skip)).rstrip(b"\r\n") + b"\n"
 
 
-async def _read(spiller: Spiller, spool: BinaryIO, skip: int | None = 0) -> bytes:
+async def _read(owner: SpoolingTransport, spool: BinaryIO, skip: int | None = 0) -> bytes:
     """The spooled message (after `skip` bytes) as compact JSON with markers; its original bytes when it
     is not JSON, or unread when `skip` is None."""
     path = Path(spool.name)
@@ -121,10 +126,19 @@ async def _read(spiller: Spiller, spool: BinaryIO, skip: int | None = 0) -> byte
     try:
         if skip is None:
             return path.read_bytes()
-        value = await anyio.to_thread.run_sync(spiller.read, path, skip)
+        value = await anyio.to_thread.run_sync(owner.spiller.read, path, skip)
+        if _late(owner, value):
+            spill.discard(value)  # the SDK drops it (its call was cancelled): nobody would release its files
         return json.dumps(value, separators=(",", ":")).encode()  # ASCII: a lone surrogate stays an escape
     except ValueError as exc:
         log.warning("an upstream sent a long HTTP message that is not JSON (%s)", exc)
         return path.read_bytes()[skip or 0 :]
     finally:
         path.unlink(missing_ok=True)
+
+
+def _late(owner: SpoolingTransport, value: Any) -> bool:
+    """Whether a message is a response the SDK's session no longer waits for."""
+    if owner.awaits is None or not isinstance(value, dict) or "method" in value:
+        return False
+    return not owner.awaits(value.get("id"))
