@@ -270,6 +270,11 @@ async def test_named_tokens_each_get_their_own_namespace(tmp_path: Path) -> None
             assert "alice" not in text_of(peek)
             await alice.call_tool("doc_ingest", {"text": "# Alice notes\n\nquarterly numbers", "title": "a"})
             assert (await bob.call_tool("doc_list", {})).structured_content["documents"] == []
+            # usage figures are each connection's own: bob never sees alice's calls or offloads
+            hers = (await alice.call_tool("context_status", {"session_id": "plan"})).structured_content or {}
+            his = (await bob.call_tool("context_status", {"session_id": "plan"})).structured_content or {}
+            assert hers["gateway"]["offload"]["offloaded"] == 1 and his["gateway"]["offload"]["offloaded"] == 0
+            assert "~0 kept out" not in hers["gateway"]["usage"] and "~0 kept out" in his["gateway"]["usage"]
     finally:
         proc.terminate()
         proc.wait(15)
@@ -382,6 +387,31 @@ async def test_an_upstream_question_never_reaches_another_tenant(tmp_path: Path)
             assert text_of(hers).startswith("refused:") and "declines" in text_of(hers), text_of(hers)
             assert text_of(bobs[0]) == "accept:Bob"
             assert text_of(await alice.call_tool("p__ask", {"via": "sampling"})) == "sampled:alice-says"
+
+
+async def test_sessionless_tenants_see_only_their_own_figures(tmp_path: Path) -> None:
+    """2026-era hosts over HTTP send no session id: each token's usage line, offload count and window
+    ledger are still its own (they were one "http" connection for every tenant)."""
+    from mcp import Client
+
+    cmd, port = _two_tenants(tmp_path, {"p": probe("p")}, ["offload", "memory", "monitor"])
+    url = f"http://127.0.0.1:{port}/mcp"
+    with serving(cmd, f"http://127.0.0.1:{port}/nothing", gateway_env()):
+        async with (
+            httpx2.AsyncClient(headers={"Authorization": f"Bearer {ALICE}"}, timeout=httpx2.Timeout(60)) as ha,
+            httpx2.AsyncClient(headers={"Authorization": f"Bearer {BOB}"}, timeout=httpx2.Timeout(60)) as hb,
+            Client(streamable_http_client(url, http_client=ha)) as alice,
+            Client(streamable_http_client(url, http_client=hb)) as bob,
+        ):
+            assert bob.protocol_version == "2026-07-28"
+            for _ in range(3):
+                assert "fileRef" in text_of(await alice.session.call_tool("p__big", {"size": 300_000, "kind": "text"}))
+            his = (await bob.session.call_tool("context_status", {"session_id": "s"})).structured_content or {}
+            hers = (await alice.session.call_tool("context_status", {"session_id": "s"})).structured_content or {}
+    assert his["gateway"]["offload"]["offloaded"] == 0 and hers["gateway"]["offload"]["offloaded"] == 3
+    assert his["gateway"]["usage"] == "no calls through the gateway yet in this session"
+    assert hers["gateway"]["usage"].startswith("3 calls")
+    assert his["gateway"]["monitor"]["results"] < hers["gateway"]["monitor"]["results"]
 
 
 async def test_one_tenants_open_rounds_never_evict_anothers(tmp_path: Path) -> None:

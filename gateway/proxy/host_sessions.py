@@ -12,13 +12,15 @@ NAMESPACE_SCOPE_KEY = "mcp_context_gateway.namespace"  # set by the HTTP front's
 
 
 def session_id_of(ctx: ServerRequestContext[Any]) -> str:
-    """The host connection a request came from: the HTTP session id, else one stdio host."""
+    """The host connection a request came from: the HTTP session id; for sessionless HTTP (2026-era hosts)
+    one per token, so no tenant's figures are another's; else one stdio host."""
     request = ctx.request
     if request is not None:
         sid = request.headers.get("mcp-session-id")
         if sid:
             return sid
-        return "http"
+        namespace = namespace_of(ctx)
+        return f"http/{namespace}" if namespace else "http"
     return "stdio"
 
 

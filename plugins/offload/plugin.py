@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +60,7 @@ class OffloadPlugin(Plugin):
     def __init__(self) -> None:
         self.ctx: GatewayContext | None = None
         self.explorers: dict[str, Explorer] = {}  # one per namespace: a caller sees only its own results
-        self.offloaded = 0
+        self.offloaded: Counter[str] = Counter()  # per host connection: a tenant sees only its own
         self.settings = OffloadSettings()
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -84,7 +85,7 @@ class OffloadPlugin(Plugin):
         return self.ctx
 
     def status(self, session_id: str) -> dict[str, Any]:
-        out: dict[str, Any] = {"offloaded": self.offloaded}
+        out: dict[str, Any] = {"offloaded": self.offloaded[session_id]}
         if ijson.backend not in ("yajl2_c", "yajl2_cffi"):  # the pure-Python parser: large JSON is slow
             out["warning"] = (
                 f"ijson runs without its C extension ({ijson.backend}): outlines of large JSON results are slow; "
@@ -164,7 +165,7 @@ class OffloadPlugin(Plugin):
             )
         if replaced is None:
             return result
-        self.offloaded += 1
+        self.offloaded[call.session_id] += 1
         return replaced
 
     # -- the exploration tools -----------------------------------------------------------------------
