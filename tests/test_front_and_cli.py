@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -222,7 +224,6 @@ ALICE, BOB = "alice-token-0123456789abcdef", "bob-token-0123456789abcdefgh"
 
 async def _as(url: str, token: str):
     """A host session over HTTP with a bearer token ("" = none)."""
-    from contextlib import asynccontextmanager
 
     @asynccontextmanager
     async def session():
@@ -389,21 +390,28 @@ async def test_an_upstream_question_never_reaches_another_tenant(tmp_path: Path)
             assert text_of(await alice.call_tool("p__ask", {"via": "sampling"})) == "sampled:alice-says"
 
 
+@asynccontextmanager
+async def _modern_tenants(port: int) -> AsyncIterator[tuple[Any, Any]]:
+    """alice's and bob's 2026-era hosts (sessionless: no mcp-session-id) on an HTTP gateway."""
+    from mcp import Client
+
+    url = f"http://127.0.0.1:{port}/mcp"
+    async with (
+        httpx2.AsyncClient(headers={"Authorization": f"Bearer {ALICE}"}, timeout=httpx2.Timeout(60)) as ha,
+        httpx2.AsyncClient(headers={"Authorization": f"Bearer {BOB}"}, timeout=httpx2.Timeout(60)) as hb,
+        Client(streamable_http_client(url, http_client=ha)) as alice,
+        Client(streamable_http_client(url, http_client=hb)) as bob,
+    ):
+        assert alice.protocol_version == bob.protocol_version == "2026-07-28"
+        yield alice, bob
+
+
 async def test_sessionless_tenants_see_only_their_own_figures(tmp_path: Path) -> None:
     """2026-era hosts over HTTP send no session id: each token's usage line, offload count and window
     ledger are still its own (they were one "http" connection for every tenant)."""
-    from mcp import Client
-
     cmd, port = _two_tenants(tmp_path, {"p": probe("p")}, ["offload", "memory", "monitor"])
-    url = f"http://127.0.0.1:{port}/mcp"
     with serving(cmd, f"http://127.0.0.1:{port}/nothing", gateway_env()):
-        async with (
-            httpx2.AsyncClient(headers={"Authorization": f"Bearer {ALICE}"}, timeout=httpx2.Timeout(60)) as ha,
-            httpx2.AsyncClient(headers={"Authorization": f"Bearer {BOB}"}, timeout=httpx2.Timeout(60)) as hb,
-            Client(streamable_http_client(url, http_client=ha)) as alice,
-            Client(streamable_http_client(url, http_client=hb)) as bob,
-        ):
-            assert bob.protocol_version == "2026-07-28"
+        async with _modern_tenants(port) as (alice, bob):
             for _ in range(3):
                 assert "fileRef" in text_of(await alice.session.call_tool("p__big", {"size": 300_000, "kind": "text"}))
             his = (await bob.session.call_tool("context_status", {"session_id": "s"})).structured_content or {}
@@ -418,18 +426,9 @@ async def test_one_tenants_open_rounds_never_evict_anothers(tmp_path: Path) -> N
     """2026-era hosts over HTTP: bob opens an `input_required` round, then alice opens 260 she never
     answers (on a server of her own: on a shared one her questions could not be told from his, and are
     declined); bob's answer still resumes his call (a process-wide cap of 256 used to evict it)."""
-    from mcp import Client
-
     cmd, port = _two_tenants(tmp_path, {"p": probe("p"), "q": probe("q")}, [])
-    url = f"http://127.0.0.1:{port}/mcp"
     with serving(cmd, f"http://127.0.0.1:{port}/nothing", gateway_env()):
-        async with (
-            httpx2.AsyncClient(headers={"Authorization": f"Bearer {ALICE}"}, timeout=httpx2.Timeout(60)) as ha,
-            httpx2.AsyncClient(headers={"Authorization": f"Bearer {BOB}"}, timeout=httpx2.Timeout(60)) as hb,
-            Client(streamable_http_client(url, http_client=ha)) as alice,
-            Client(streamable_http_client(url, http_client=hb)) as bob,
-        ):
-            assert bob.protocol_version == "2026-07-28"
+        async with _modern_tenants(port) as (alice, bob):
             his = await bob.session.call_tool("p__ask", {}, allow_input_required=True)
             assert isinstance(his, types.InputRequiredResult)
             with anyio.fail_after(120):
