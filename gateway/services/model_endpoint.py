@@ -109,7 +109,7 @@ class ModelEndpoint:
     async def request(self, method: str, url: str, payload: dict[str, Any] | None = None) -> dict[str, Any] | None:
         """JSON request; None for a 4xx (route not offered); LLMUnavailable when down (and backs off)."""
         if not self.available:
-            raise LLMUnavailable(f"model endpoint unavailable ({self.last_error}); retrying after a pause")
+            raise LLMUnavailable(f"not tried again yet after {self.last_error}")
         try:
             response = await self._client().request(method, url, json=payload)
         except (httpx2.TransportError, OSError) as exc:
@@ -159,9 +159,7 @@ class ModelEndpoint:
     async def _summarize_once(self, text: str, instruction: str, max_tokens: int) -> str:
         messages = [{"role": "system", "content": instruction}, {"role": "user", "content": text}]
         summary, _ = await self.chat(messages, max_tokens)
-        if not summary.strip():
-            raise LLMUnavailable("the model returned an empty summary")
-        return summary.strip()
+        return summary.strip()  # empty: the endpoint answered, and the summary gate says what is wrong
 
     # -- calibration ------------------------------------------------------------------------------
 

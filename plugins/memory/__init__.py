@@ -8,6 +8,7 @@ into a summary (model endpoint, or a fact-keeping fallback) without deleting any
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +20,10 @@ from gateway.args import Args
 from gateway.handlers import guarded, tool
 from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall
 from gateway.services.model_endpoint import LLMUnavailable
-from gateway.services.search_index import query_terms
 from gateway.services.tokens import estimate_tokens
 from plugins.memory.gate import check, with_coverage
 from plugins.memory.guide import GUIDE
+from plugins.memory.recall import Query, folded_worth_showing, order
 from plugins.memory.sessions import AlreadyFolded, Entry, RecallIndex, Session, SessionError, check_session_id
 from plugins.memory.summary import INSTRUCTION, STRICT_INSTRUCTION, fallback_summary
 
@@ -74,6 +75,19 @@ class MemoryPlugin(Plugin):
         session = self.sessions[key]
         session.refresh()
         return session
+
+    def _existing(self, session_id: Any, namespace: str) -> Session:
+        """A session that was opened or written to; an unknown name (a typo) is an error naming those that exist."""
+        session = self._session(session_id, namespace)
+        if session.exists:
+            return session
+        names = sorted(p.stem for p in self._folder(namespace).glob("*.jsonl"))
+        listed = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
+        raise SessionError(
+            f"no memory session {session.id!r}; "
+            + (f"the sessions here: {listed}" if names else "there are no sessions yet")
+            + " (context_open or context_append starts one)"
+        )
 
     def _budget(self, session_id: str | None = None) -> int:
         assert self.ctx is not None
@@ -156,11 +170,14 @@ class MemoryPlugin(Plugin):
 
     async def open(self, args: Args, call: ToolCall) -> dict[str, Any]:
         session = await anyio.to_thread.run_sync(self._session, args.raw["session_id"], call.namespace)
+        created = not session.exists
+        if created:
+            session.log.path.touch()  # an opened session exists: status and recall know it by name
         active = session.active()
         pinned = [e.view() for e in active if e.pinned]
         return {
             "session_id": session.id,
-            "created": not session.exists,
+            "created": created,
             "entries": len(active),
             "pinned": pinned,
             "last_compaction": session.last_compaction,
@@ -177,7 +194,7 @@ class MemoryPlugin(Plugin):
 
     async def status_tool(self, args: Args, call: ToolCall) -> dict[str, Any]:
         assert self.ctx is not None
-        session = await anyio.to_thread.run_sync(self._session, args.raw["session_id"], call.namespace)
+        session = await anyio.to_thread.run_sync(self._existing, args.raw["session_id"], call.namespace)
         active = session.active()
         out: dict[str, Any] = {
             "session_id": session.id,
@@ -199,7 +216,7 @@ class MemoryPlugin(Plugin):
         keep_recent = args.int("keep_recent", 5, lo=0, hi=10_000)
         target = args.int("target_tokens", max(200, self._budget(call.session_id) // 4), lo=50, hi=100_000)
         dry_run = args.bool("dry_run", False)
-        session = self._session(args.raw["session_id"], call.namespace)
+        session = self._existing(args.raw["session_id"], call.namespace)
         active = session.active()
         candidates = [e for e in active if not e.pinned]
         fold = candidates[: max(0, len(candidates) - keep_recent)]
@@ -219,7 +236,6 @@ class MemoryPlugin(Plugin):
             }
         text = "\n\n".join(f"[{e.id}] {e.text}" for e in fold)
         summary, writer, gate = await self._summarize(text, fold, target)
-        summary = with_coverage(summary, fold)
         folded_tokens = sum(e.tokens for e in fold)
         summary_tokens = estimate_tokens(summary)
         if summary_tokens >= folded_tokens:  # compaction must never grow a session
@@ -252,32 +268,12 @@ class MemoryPlugin(Plugin):
             "tokens_after": session.used_tokens(),
         }
 
-    def _recall_folded(self, session: Session, query: str, out: dict[str, Any], used: int, max_tokens: int) -> int:
-        """The log keeps every original: query words the active notes and summaries do not contain are looked
-        up in the folded notes too, so a fact a summary dropped is never lost. Such hits say so."""
-        shown = " ".join(m["text"] for m in out["matches"] + out["pinned"]).lower()
-        missing = [t for t in query_terms(query) if t.lower() not in shown]
-        if not missing:
-            return used
-        missing = [t.lower() for t in missing]
-        scored = []
-        for e in session.entries.values():
-            if e.superseded_by:
-                text = e.text.lower()
-                scored.append((sum(t in text for t in missing), e))
-        ranked = sorted(scored, key=lambda pair: (-pair[0], pair[1].id))
-        for hits, entry in ranked:
-            if not hits or used + entry.tokens > max_tokens:
-                continue
-            view = entry.view() | {"from_folded_note": f"folded into {entry.superseded_by}"}
-            out["matches"].append(view)
-            used += entry.tokens
-        return used
-
     async def _summarize(self, text: str, fold: list[Entry], target: int) -> tuple[str, str, str]:
-        """(summary, who wrote it, the gate's verdict). The model's summary must pass the gate; a failed one
-        is retried once with a stricter prompt, then the extractive fallback is kept."""
+        """(summary, who wrote it and why, the gate's verdict). The model's summary must pass the gate; a failed
+        one is retried once with a stricter prompt, then the extractive fallback is kept. Either way the fact
+        lines it lacks are added verbatim while they fit, and the notes left out are named."""
         assert self.ctx is not None
+        folded = sum(e.tokens for e in fold)
         failures: list[str] = []
         try:
             for instruction in (INSTRUCTION, STRICT_INSTRUCTION):
@@ -285,58 +281,64 @@ class MemoryPlugin(Plugin):
                 if not verdict.failed:
                     model = self.ctx.llm.model or self.ctx.llm.base_url
                     gate = "passed" if not failures else f"passed on the retry (first: {failures[0]})"
-                    return verdict.summary, f"model ({model})", gate
+                    room = min(folded * 3 // 4, max(2 * target, estimate_tokens(verdict.summary) + target))
+                    return with_coverage(verdict.summary, fold, room), f"model ({model})", gate
                 failures.append(verdict.failed)
         except LLMUnavailable as exc:
-            return fallback_summary(fold, target), f"fallback (extractive; model endpoint unavailable: {exc})", "-"
+            why = "the model endpoint was not available"
+            return fallback_summary(fold, target, why), f"fallback (extractive; {why}: {exc})", "-"
+        rule = re.split(r":| \(", failures[-1])[0]  # the rule, without the summary's words it quotes
+        why = f"the model's summary failed the gate twice: {rule}"
         gate = f"the model's summary failed twice ({'; '.join(failures)}): it may be too weak to summarize"
-        return fallback_summary(fold, target), "fallback (extractive; the model's summary failed the gate)", gate
+        return fallback_summary(fold, target, why), f"fallback (extractive; {why})", gate
 
     async def recall(self, args: Args, call: ToolCall) -> dict[str, Any]:
-        query = args.str("query", "", max_len=2000) or ""
+        text = args.str("query", "", max_len=2000) or ""
         max_tokens = args.int("max_tokens", self._budget(call.session_id), lo=50, hi=1_000_000)
-        session = self._session(args.raw["session_id"], call.namespace)
+        session = self._existing(args.raw["session_id"], call.namespace)
         active = session.active()
-        position = {e.id: i for i, e in enumerate(active)}
-        pinned = [e for e in active if e.pinned]
+        query = Query.of(text)
         out: dict[str, Any] = {"session_id": session.id, "pinned": [], "matches": []}
         used = 0
-        for e in pinned:  # pinned first, but never more than half of the budget
+        pinned_matched = False
+        for e in (e for e in active if e.pinned):  # pinned first, but never more than half of the budget
             if used + e.tokens > max_tokens // 2:
-                out.setdefault("left_out", {})["pinned"] = len(pinned) - len(out["pinned"])
+                out.setdefault("left_out", {})["pinned"] = sum(e.pinned for e in active) - len(out["pinned"])
                 break
-            out["pinned"].append(e.view())
+            view = e.view()
+            if query and query.matches(e.text):
+                view["matches_query"] = pinned_matched = True
+            out["pinned"].append(view)
             used += e.tokens
-        hits = (
-            await anyio.to_thread.run_sync(self._recall_index(call.namespace).search, session, query, 200)
-            if query.strip()
-            else []
-        )
-        n = max(1, len(active) - 1)
-        scored = [
-            (score * (1 + RECENCY_WEIGHT * position[key] / n), key)
-            for key, score in hits
-            if key in position and not session.entries[key].pinned
-        ]
-        scored.sort(reverse=True)
-        if not query.strip() or not scored:
-            # no query (or nothing matched): the most recent notes
-            scored = [(0.0, e.id) for e in reversed(active) if not e.pinned]
-            if query.strip():
+        found: list[Entry] = []
+        if query:
+            hits = await anyio.to_thread.run_sync(self._recall_index(call.namespace).search, session, text, 200)
+            position = {e.id: i for i, e in enumerate(active)}
+            n = max(1, len(active) - 1)
+            scored = sorted(
+                (
+                    (score * (1 + RECENCY_WEIGHT * position[key] / n), key)
+                    for key, score in hits
+                    if key in position and not session.entries[key].pinned
+                ),
+                reverse=True,
+            )
+            folded = [e for e in session.entries.values() if e.superseded_by]
+            found = order(query, [session.entries[k] for _, k in scored] + folded_worth_showing(query, active, folded))
+        if not found and not pinned_matched:  # no query (or nothing matched it): the most recent notes
+            found = [e for e in reversed(active) if not e.pinned]
+            if query:
                 out["note"] = "nothing matched the query; showing the most recent notes"
         left = 0
-        for score, key in scored:
-            entry = session.entries[key]
+        for entry in found:
             if used + entry.tokens > max_tokens:
                 left += 1
                 continue
             view = entry.view()
-            if score:
-                view["score"] = round(score, 3)
+            if entry.superseded_by:
+                view["from_folded_note"] = f"folded into {entry.superseded_by}"
             out["matches"].append(view)
             used += entry.tokens
-        if query.strip():
-            used = self._recall_folded(session, query, out, used, max_tokens)
         if left:
             out.setdefault("left_out", {})["matches"] = left
             out["hint"] = "raise max_tokens or use a narrower query to see the rest"

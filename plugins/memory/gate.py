@@ -6,9 +6,10 @@ behalf, so it is treated like untrusted input. Each rule is cheap and determinis
 - It invents nothing: every identifier, number and entry id in it appears in the folded notes.
 - Chat-template debris (`<|im_end|>`, `<end_of_turn>`, role headers) is stripped first.
 
-Coverage is then completed, not judged: a folded note whose distinctive terms (identifiers, numbers,
-paths, and CJK words by the search index's own segmentation) are missing from the summary has its fact
-lines appended verbatim, so recall finds every one of them.
+Coverage is then completed, not judged: a folded note whose facts (identifiers, numbers, paths as
+written, and CJK words by the search index's own segmentation) are missing from the summary has its
+fact lines appended verbatim while they fit; the notes that do not are named, and recall finds them in
+the folded originals.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 
 from gateway.services.tokens import estimate_tokens
 from plugins.memory.sessions import Entry
-from plugins.memory.summary import NUMBER, distinctive_terms, identifiers
+from plugins.memory.summary import NUMBER, counter_labels, fact_lines, fact_terms, identifiers, not_shown
 
 _DEBRIS = re.compile(
     r"<\|[a-z_]+\|>|</?(?:start|end)_of_turn>|<\|?(?:im_start|im_end|eot_id|endoftext)\|?>|</?s>"
@@ -88,14 +89,23 @@ def check(summary: str, folded: Sequence[Entry], target_tokens: int) -> Verdict:
     return Verdict(text)
 
 
-def with_coverage(summary: str, folded: Sequence[Entry]) -> str:
-    """The summary plus, verbatim, the fact lines of every note whose distinctive terms it dropped."""
+def with_coverage(summary: str, folded: Sequence[Entry], room: int) -> str:
+    """The summary plus, verbatim, the fact lines of notes whose facts it dropped, within `room` tokens in
+    all; the notes that do not fit are named (recall finds them in the folded originals)."""
+    labels = counter_labels(folded)
     kept: list[str] = []
+    left_out: list[Entry] = []
+    used = estimate_tokens(summary) + 4
     for entry in folded:
-        missing = [t for t in distinctive_terms(entry.text) if t not in summary]
+        missing = [t for t in fact_terms(entry.text, labels) if t not in summary]
         if not missing:
             continue
-        lines = [ln.strip() for ln in entry.text.splitlines() if ln.strip()]
-        facts = [ln for ln in lines if any(t in ln for t in missing)] or lines
-        kept.extend(f"- [{entry.id}] {ln}" for ln in facts)
-    return summary + ("\nKept verbatim:\n" + "\n".join(dict.fromkeys(kept)) if kept else "")
+        lines = [f"- [{entry.id}] {ln}" for ln in fact_lines(entry, labels) if ln not in summary]
+        cost = sum(estimate_tokens(ln) + 1 for ln in lines)
+        if used + cost > room:
+            left_out.append(entry)
+            continue
+        kept.extend(lines)
+        used += cost
+    out = summary + ("\nKept verbatim:\n" + "\n".join(dict.fromkeys(kept)) if kept else "")
+    return out + ("\n" + not_shown(left_out, labels) if left_out else "")

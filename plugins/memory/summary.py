@@ -1,14 +1,17 @@
 """Summaries for compaction: the model endpoint when it answers, a fact-keeping fallback when not.
 
-Sentence scoring (TF-ISF) keeps almost none of the identifiers that notes are full of, so the
-fallback ranks whole entries, keeps lines with identifiers, paths, numbers and error codes
-verbatim, and ends with the list of every identifier mentioned.
+Facts are what notes are kept for: identifiers as written (`src/app.ts:42`, `192.168.3.17`, `v3.1.4`,
+`TICKET-88`, `0x5be0c1`), numbers, and CJK words. A counter that numbers the notes themselves ("note 5:",
+"step 3 -") is not a fact. The fallback keeps fact lines whole, ranks notes by their facts (filler
+last) and names what to recall the notes it had no room for by: nothing is dropped, since recall reads
+the folded originals too.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Collection, Sequence
 
 from gateway.services.text import CJK_RUN
 from gateway.services.tokens import estimate_tokens
@@ -26,25 +29,31 @@ STRICT_INSTRUCTION = (
     "not add entry ids or anything the notes do not say; keep it shorter than the notes."
 )
 
-_IDENTIFIER = re.compile(
-    r"(?:[A-Za-z]:)?(?:[\w.-]*[/\\])+[\w.-]+"  # paths
-    r"|\b[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)+(?:\(\))?"  # dotted names: module.func, file.ext
-    r"|\b[a-z]+(?:[A-Z][a-z0-9]*)+\b"  # camelCase
-    r"|\b[A-Z][a-z0-9]+(?:[A-Z][a-z0-9]*)+\b"  # PascalCase with 2+ humps
-    r"|\b[A-Za-z0-9]+(?:_[A-Za-z0-9]+)+\b"  # snake_case, ERR_CONN_RESET
-    r"|\b(?=[\w-]*\d)[A-Za-z0-9]+(?:-[A-Za-z0-9]+)+\b"  # kebab ids with a digit: eu-central-1
-    r"|\b[a-z0-9]+(?:-[a-z0-9]+){2,}\b"  # kebab-case-names
-    r"|\b[A-Z]{1,5}-?\d{2,}\b"  # error codes: E1234, HTTP-500, PROJ-42
-    r"|\b0x[0-9a-fA-F]+\b"
-    r"|#\d+\b"
-    r"|\b\d+\.\d+\.\d+\b"  # versions
+# A run of characters an identifier is made of, as written: paths, URLs, addresses, versions, codes,
+# `path:line`, `key=value`; it ends on a letter, digit, `_` or `/` (not on the full stop after it)
+_RUN = re.compile(
+    r"\d{1,3}(?:,\d{3})+(?:\.\d+)?"  # 1,000,000
+    r"|(?:\.{1,2}/|[/~#@$])?[A-Za-z0-9_](?:[A-Za-z0-9_./\\:@#%+~=?&-]*[A-Za-z0-9_/])?"
 )
-_NUMBER = re.compile(r"\d")
+_INNER = re.compile(r"[_./\\:@#=%+~]|\d")  # what makes a run more than a word
+_HUMPS = re.compile(r"[a-z][A-Z]|[A-Z]{2}[a-z]|[A-Z][a-z]+[A-Z]")  # camelCase, PascalCase, HTTPServer
 NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+_WORD = re.compile(r"[^\W\d_]{3,}", re.UNICODE)
+# "note 5:", "Step 3 -", "update 12." at the start of a note: its number only counts the notes
+_LABEL = re.compile(r"\s*([^\W\d_]+)\s*#?(\d+)\b")
+LABEL_NOTES = 3  # a word that starts this many folded notes before a number is a counter
+
+
+def _is_identifier(run: str) -> bool:
+    if _INNER.search(run) or _HUMPS.search(run):
+        return True
+    return run.count("-") >= 2  # kebab-case-names; "follow-up" is a word
 
 
 def identifiers(text: str) -> list[str]:
-    return list(dict.fromkeys(m.group().rstrip(".") for m in _IDENTIFIER.finditer(text)))
+    """Identifiers and numbers as written, in order, once each (`src/app.ts:42` stays one)."""
+    runs = (m.group() for m in _RUN.finditer(text))
+    return list(dict.fromkeys(r for r in runs if _is_identifier(r)))
 
 
 def cjk_words(text: str) -> list[str]:
@@ -53,43 +62,92 @@ def cjk_words(text: str) -> list[str]:
 
 
 def distinctive_terms(text: str) -> list[str]:
-    """What a note must not lose: identifiers, paths, numbers and CJK words."""
-    return list(dict.fromkeys([*identifiers(text), *NUMBER.findall(text), *cjk_words(text)]))
+    """What a note must not lose: identifiers, paths, numbers (as written) and CJK words."""
+    return list(dict.fromkeys([*identifiers(text), *cjk_words(text)]))
 
 
-def _is_fact(line: str) -> bool:
-    return bool(_IDENTIFIER.search(line) or _NUMBER.search(line))
+def counter_labels(entries: Sequence[Entry]) -> set[str]:
+    """Words that number the notes ("note" in "note 5: ...", "note 6: ..."): several notes start with one."""
+    starts = Counter(m.group(1).lower() for e in entries if (m := _LABEL.match(e.text)))
+    return {word for word, n in starts.items() if n >= LABEL_NOTES}
 
 
-def fallback_summary(entries: Sequence[Entry], target_tokens: int) -> str:
-    """Whole entries ranked by their facts and recency; fact lines kept verbatim; the identifiers of the notes
-    that did not fit listed."""
-    ranked = sorted(
-        range(len(entries)),
-        key=lambda i: (sum(_is_fact(ln) for ln in entries[i].text.splitlines()), i / max(1, len(entries))),
-        reverse=True,
-    )
-    all_ids: list[str] = []
-    for entry in entries:
-        all_ids.extend(distinctive_terms(entry.text))
-    all_ids = list(dict.fromkeys(all_ids))
-    # room for whole fact lines: within the target, and well below what the notes cost (a summary must
-    # shrink the session); identifiers of notes left out are listed after them
-    budget = min(target_tokens, int(0.7 * sum(e.tokens for e in entries)))
-    room = max(40, budget - min(estimate_tokens(", ".join(all_ids)), budget // 3))
+def fact_terms(text: str, labels: Collection[str] = ()) -> list[str]:
+    """The facts of a note: its distinctive terms, less the counter that numbers it."""
+    terms = distinctive_terms(text)
+    label = _LABEL.match(text)
+    if label and label.group(1).lower() in labels:
+        counter = label.group(2)
+        terms = [t for t in terms if t != counter]
+    return terms
+
+
+def fact_lines(entry: Entry, labels: Collection[str]) -> list[str]:
+    """The lines of a note that hold its facts, whole; its first line when it has none."""
+    lines = [ln.strip() for ln in entry.text.splitlines() if ln.strip()]
+    facts = fact_terms(entry.text, labels)
+    kept = [ln for ln in lines if any(t in ln for t in facts)]
+    return kept or lines[:1]
+
+
+def _rare_words(entries: Sequence[Entry]) -> list[int]:
+    """Per note, how many of its words no other folded note uses (filler repeats itself)."""
+    seen = [set(w.lower() for w in _WORD.findall(e.text)) for e in entries]
+    counts = Counter(w for words in seen for w in words)
+    return [sum(counts[w] == 1 for w in words) for words in seen]
+
+
+NOT_SHOWN = "Not shown here (context_recall finds each as written): "
+
+
+def _hook(terms: Sequence[str]) -> str:
+    """What to recall a note by: its most specific term (an identifier over a bare number, the longer)."""
+    return max(terms, key=lambda t: (any(c.isalpha() for c in t), len(t)))
+
+
+def not_shown(left_out: Sequence[Entry], labels: Collection[str], room: int | None = None) -> str:
+    """The line naming the folded notes a summary has no room for: an identifier of each as written (what
+    to recall it by) while `room` tokens last, and how many hold no identifiers or numbers."""
+    if not left_out:
+        return ""
+    hooks = list(dict.fromkeys(_hook(terms) for e in left_out if (terms := _ranked_terms(e.text, labels))))
+    plain = len(left_out) - len(hooks)
+
+    def line(shown: int) -> str:
+        parts = [", ".join(hooks[:shown]) + (f" and {len(hooks) - shown} more" if shown < len(hooks) else "")]
+        if plain:
+            parts.append(f"{plain} note{'s' if plain > 1 else ''} without identifiers or numbers")
+        return NOT_SHOWN + "; ".join(p for p in parts if p)
+
+    shown = len(hooks)
+    while room is not None and shown > 0 and estimate_tokens(line(shown)) > room:
+        shown -= 1
+    return line(shown)
+
+
+def _ranked_terms(text: str, labels: Collection[str]) -> list[str]:
+    """The facts that rank a note: identifiers and numbers (a CJK word alone is no identifier)."""
+    return [t for t in fact_terms(text, labels) if not CJK_RUN.fullmatch(t)]
+
+
+def fallback_summary(entries: Sequence[Entry], target_tokens: int, why: str) -> str:
+    """Fact lines kept whole, notes ranked by their identifiers and numbers (filler last), within
+    `target_tokens` and half of what the notes cost; the notes left out are named by what to recall them by."""
+    labels = counter_labels(entries)
+    rare = _rare_words(entries)
+    facts = [len(_ranked_terms(e.text, labels)) for e in entries]
+    ranked = sorted(range(len(entries)), key=lambda i: (facts[i], rare[i], i), reverse=True)
+    header = f"Summary of {len(entries)} earlier notes, extractive ({why})."
+    room = min(target_tokens, sum(e.tokens for e in entries) // 2) - estimate_tokens(header) - 2
+    reserve = min(estimate_tokens(not_shown(entries, labels)), room // 3)  # for naming what does not fit
     chosen: dict[int, list[str]] = {}
     used = 0
     for i in ranked:
-        lines = [ln.strip() for ln in entries[i].text.splitlines() if ln.strip()]
-        facts = [ln for ln in lines if _is_fact(ln)] or lines[:1]
-        cost = sum(estimate_tokens(ln) + 1 for ln in facts)
-        if used + cost > room and chosen:
-            continue
-        chosen[i] = facts
-        used += cost
+        lines = fact_lines(entries[i], labels)
+        cost = sum(estimate_tokens(ln) + 1 for ln in lines)
+        if used + cost <= room - reserve:
+            chosen[i] = lines
+            used += cost
     body = [f"- {line}" for i in sorted(chosen) for line in chosen[i]]
-    kept = "\n".join(body)
-    missing = [i for i in all_ids if i not in kept]  # what the notes that did not fit mention
-    id_line = ("Also mentioned: " + ", ".join(missing)) if missing else ""
-    header = f"Summary of {len(entries)} earlier notes (extractive: the model endpoint was not available)."
-    return "\n".join([header, *body, *([id_line] if id_line else [])])
+    tail = not_shown([e for i, e in enumerate(entries) if i not in chosen], labels, room - used)
+    return "\n".join([header, *body, *([tail] if tail else [])])

@@ -19,7 +19,8 @@ class FakeLLM:
     summary_prefix: str = "SUMMARY"
     # How it summarizes, reproducing what a small real model did: prefix (a plausible short summary),
     # echo (the notes back, whole), loop (one line over and over), invent (adds a fact and an entry id no
-    # note has), drop-cjk (leaves out every note that is not ASCII), debris (chat-template tokens around it)
+    # note has), drop-cjk (leaves out every note that is not ASCII), drop-facts (one vague line),
+    # debris (chat-template tokens around it)
     summary_mode: str = "prefix"
     fail_chat: bool = False
     constant_usage: bool = False
@@ -121,6 +122,8 @@ class FakeLLM:
         if self.summary_mode == "drop-cjk":
             firsts = [ln[:60] for ln in lines if ln.startswith("[") and ln.isascii()]  # each note's first line
             return f"{self.summary_prefix}:\n" + "\n".join(firsts)
+        if self.summary_mode == "drop-facts":  # plausible and short, and keeps none of the facts
+            return f"{self.summary_prefix}: the team worked on the layout and fixed several issues."
         if self.summary_mode == "debris":
             return f"<|im_start|>assistant\n{self.summary_prefix}: {notes[:200]}<|im_end|>\n<end_of_turn>"
         return f"{self.summary_prefix}: {notes[:300]}"
