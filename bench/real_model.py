@@ -5,10 +5,12 @@
     python bench/real_model.py --venv /tmp/real-model    # the run
     LLAMA_SERVER=/path/llama-server GGUF_MODEL=/path/model.gguf python bench/real_model.py
 
-Seeded sessions (English, Korean, identifiers) are compacted through the gateway's memory plugin with
-the model as [llm]. Per session it reports the facts kept (every identifier, number and Korean word of
-the folded notes still found by recall, verbatim), invented tokens (ids or identifiers in the active notes
-that no original had), the size ratio (tokens after / before), the gate's verdict and the time.
+Seeded sessions (English, Korean, identifiers, and facts mixed with filler: the session the fallback
+was shaped on and a held-out one written differently) are compacted through the gateway's memory plugin,
+with the endpoint down and with the model as [llm]. Per session it reports the fact lines of the folded
+notes that recall returns verbatim (and how often as the first match) when asked by the fact's
+identifier, invented tokens (ids or identifiers in the active notes that no original had), the session's
+size after/before, the summary's size over what it folds, the gate's verdict and the time.
 """
 
 from __future__ import annotations
@@ -30,8 +32,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import call, table  # noqa: E402
+from memory_sessions import HELD_OUT, TUNING, Note  # noqa: E402
 
-from plugins.memory.summary import distinctive_terms  # noqa: E402
+from gateway.services.tokens import estimate_tokens  # noqa: E402
+from plugins.memory.summary import NOT_SHOWN, distinctive_terms  # noqa: E402
 
 CONTEXT = [
     "We went through it in the weekly sync; nobody objected, and the notes were shared in the channel.",
@@ -68,12 +72,28 @@ _ID = [
     "Opened ticket BILL-448 for the flaky test test_concurrent_refunds.",
     "Hotfix branch hotfix/ledger-lock-2026-11 pushed; CI run 88213 is green.",
 ]
-# Notes as people keep them: the fact on the first line, some context after it.
-SESSIONS: dict[str, list[str]] = {
-    kind: [f"{fact}\n{CONTEXT[i % 3]}\n{CONTEXT[(i + 1) % 3]}" for i, fact in enumerate(facts)]
-    for kind, facts in (("english", _EN), ("korean", _KO), ("identifiers", _ID))
+
+
+def _prose(kind: str, facts: list[str]) -> list[Note]:
+    """Notes as people keep them: the fact on the first line, some context after it; recalled by the fact's
+    most specific term, or by its first words when it has none."""
+    out = []
+    for i, fact in enumerate(facts):
+        terms = [t for t in distinctive_terms(fact) if not t.isdigit()]
+        query = max(terms, key=len) if terms else " ".join(fact.split()[:4])
+        out.append(Note(f"{fact}\n{CONTEXT[i % 3]}\n{CONTEXT[(i + 1) % 3]}", query, fact))
+    return out
+
+
+SESSIONS: dict[str, list[Note]] = {
+    "english": _prose("english", _EN),
+    "korean": _prose("korean", _KO),
+    "identifiers": _prose("identifiers", _ID),
+    "mixed (tuning)": TUNING,  # facts among filler: what the fallback and recall were shaped on
+    "mixed (held-out)": HELD_OUT,  # written differently; never tuned on
 }
-KEEP_RECENT = 2
+KEEP_RECENT = {"mixed (tuning)": 4, "mixed (held-out)": 4}  # the others: 2
+DOWN = "http://127.0.0.1:9/v1"  # nothing listens: the endpoint is down
 
 
 def setup(folder: Path) -> None:
@@ -128,9 +148,11 @@ def llama_server(binary: Path, model: Path, ctx: int = 8192) -> Any:
         log.close()
 
 
-async def compact_session(base_url: str, workspace: Path, kind: str, notes: list[str]) -> dict[str, Any]:
+async def compact_session(base_url: str, workspace: Path, kind: str, notes: list[Note]) -> dict[str, Any]:
+    """Append the notes, compact, then recall each folded fact by its query: is its line returned verbatim?"""
     from bench_session import gateway_session
 
+    keep = KEEP_RECENT.get(kind, 2)
     async with gateway_session(workspace, base_url) as session:
 
         async def ok(name: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -139,32 +161,38 @@ async def compact_session(base_url: str, workspace: Path, kind: str, notes: list
                 raise RuntimeError(result.content[0].text)
             return result.structured_content
 
-        sid = {"session_id": kind}
+        sid = {"session_id": "s"}
         for note in notes:
-            await ok("context_append", {**sid, "text": note})
+            await ok("context_append", {**sid, "text": note.text})
         started = time.perf_counter()
-        result = await ok("context_compact", {**sid, "keep_recent": KEEP_RECENT})
+        result = await ok("context_compact", {**sid, "keep_recent": keep})
         seconds = time.perf_counter() - started
-        folded_notes = notes[: len(notes) - KEEP_RECENT]
-        terms = list(dict.fromkeys(t for n in folded_notes for t in distinctive_terms(n)))
-        kept = 0
-        for term in terms:
-            found = await ok("context_recall", {**sid, "query": term})
-            kept += any(term in m["text"] for m in found["matches"])
+        folded = notes[: len(notes) - keep]
+        facts = [n for n in folded if n.query]
+        kept = first = 0
+        for note in facts:
+            found = (await ok("context_recall", {**sid, "query": note.query}))["matches"]
+            kept += any(note.fact in m["text"] for m in found)
+            first += bool(found) and note.fact in found[0]["text"]
         active = await ok("context_recall", {**sid, "query": "", "max_tokens": 100_000})
         text = " ".join(m["text"] for m in active["matches"] + active["pinned"])
-        originals = " ".join(notes) + f" {result.get('folded', 0)}"  # the fallback's header counts the notes
-        invented = [t for t in distinctive_terms(text) if t not in originals]
+        # what was written, and the gateway's own words: the count, the ids it cites, the pointer line
+        written = " ".join([*(n.text for n in notes), str(result.get("folded", 0)), *result.get("folded_ids", [])])
+        invented = [t for t in distinctive_terms(text) if t not in written + NOT_SHOWN]
+        summary = result.get("summary", "")
+        folded_tokens = sum(estimate_tokens(n.text) for n in folded)
         return {
             "kind": kind,
             "folded": result.get("folded", 0),
             "written_by": (result.get("written_by") or result.get("note", ""))[:40],
             "gate": (result.get("gate") or "-")[:70],
-            "facts": f"{kept}/{len(terms)}",
+            "facts": f"{kept}/{len(facts)}",
+            "first": f"{first}/{len(facts)}",
             "invented": len(invented),
             "ratio": f"{(result.get('tokens_after') or result.get('tokens_used')) / (result.get('tokens_before') or result.get('tokens_used')):.2f}",
+            "summary_ratio": f"{estimate_tokens(summary) / folded_tokens:.2f}" if summary else "-",
             "seconds": f"{seconds:.1f}",
-            "summary": result.get("summary", ""),
+            "summary": summary,
         }
 
 
@@ -172,29 +200,28 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--setup", type=Path)
     parser.add_argument("--venv", type=Path)
+    parser.add_argument("--down-only", action="store_true", help="only the runs with the endpoint down")
     args = parser.parse_args()
     if args.setup:
         setup(args.setup)
         return
-    binary, model = locate(args.venv)
-    version = subprocess.run([str(binary), "--version"], capture_output=True, text=True)
-    print(f"llama-server: {(version.stdout + version.stderr).strip().splitlines()[0]}; model: {model.name}")
-    rows = [["session", "folded", "written by", "gate", "facts kept", "invented", "size after/before", "s"]]
-    with llama_server(binary, model) as base_url, tempfile.TemporaryDirectory() as tmp:
-        for kind, notes in SESSIONS.items():
-            r = anyio.run(compact_session, base_url, Path(tmp) / kind, kind, notes)
-            rows.append(
-                [
-                    r["kind"],
-                    str(r["folded"]),
-                    r["written_by"],
-                    r["gate"],
-                    r["facts"],
-                    str(r["invented"]),
-                    r["ratio"],
-                    r["seconds"],
-                ]
-            )
+    header = ["session", "endpoint", "folded", "written by", "gate", "facts recalled", "first", "invented"]
+    rows = [[*header, "session after/before", "summary/folded", "s"]]
+
+    def run(base_url: str, endpoint: str) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            for i, (kind, notes) in enumerate(SESSIONS.items()):
+                r = anyio.run(compact_session, base_url, Path(tmp) / str(i), kind, notes)
+                figures = [r[k] for k in ("facts", "first", "invented", "ratio", "summary_ratio", "seconds")]
+                rows.append([kind, endpoint, str(r["folded"]), r["written_by"], r["gate"], *map(str, figures)])
+
+    run(DOWN, "down")
+    if not args.down_only:
+        binary, model = locate(args.venv)
+        version = subprocess.run([str(binary), "--version"], capture_output=True, text=True)
+        print(f"llama-server: {(version.stdout + version.stderr).strip().splitlines()[0]}; model: {model.name}")
+        with llama_server(binary, model) as base_url:
+            run(base_url, "gemma 3 270m")
     print(table(rows))
 
 

@@ -32,12 +32,14 @@ def endpoint():
         yield base_url
 
 
-@pytest.mark.parametrize("kind", ["english", "korean", "identifiers"])
+@pytest.mark.parametrize("kind", ["english", "korean", "identifiers", "mixed (held-out)"])
 async def test_compaction_keeps_every_fact_invents_nothing_and_never_grows(endpoint, tmp_path, kind) -> None:
+    """Every fact line of the folded notes comes back verbatim from recall; the held-out session mixes
+    facts with filler and was never tuned on."""
     import real_model
 
     result = await real_model.compact_session(endpoint, tmp_path, kind, real_model.SESSIONS[kind])
     kept, total = map(int, result["facts"].split("/"))
-    assert kept == total, result
+    assert kept == total and total > 0, result
     assert result["invented"] == 0, result
     assert float(result["ratio"]) <= 1.0, result

@@ -9,9 +9,10 @@ keeping the window small depends on you calling these tools.
 1. Memory. At the start, context_open(session_id) with a short name for the task. Save the goal and hard \
 constraints with context_append(..., pinned=true). Save facts, decisions and results as you go with \
 context_append: anything you will need after it scrolls out of the window. Check context_status now and \
-then; when it warns, context_compact folds older notes into a summary (identifiers, paths and numbers are \
-kept). Before relying on something from earlier, context_recall(session_id, query) brings back the pinned \
-notes and the best matches.
+then; when it warns, context_compact folds older notes into a summary (lines with identifiers, paths and \
+numbers are kept whole; nothing is deleted). Before relying on something from earlier, \
+context_recall(session_id, query) brings back the pinned notes and the best matches, folded originals \
+included: query an identifier as written (src/app.ts:42) to get its line back verbatim.
 
 2. Big tool results. A result too large for the window comes back as a fileRef (id resp_...). Do not read \
 the file whole. Call response_outline(path=id) first; then response_slice for one value (json_path like \
