@@ -79,12 +79,15 @@ class MemoryPlugin(Plugin):
     def _existing(self, session_id: Any, namespace: str) -> Session:
         """A session that was opened or written to; an unknown name (a typo) is an error naming those that exist."""
         session = self._session(session_id, namespace)
-        if session.exists:
-            return session
+        if not session.exists:
+            raise SessionError(self._unknown(session.id, namespace))
+        return session
+
+    def _unknown(self, session_id: str, namespace: str) -> str:
         names = sorted(p.stem for p in self._folder(namespace).glob("*.jsonl"))
         listed = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
-        raise SessionError(
-            f"no memory session {session.id!r}; "
+        return (
+            f"no memory session {session_id!r}; "
             + (f"the sessions here: {listed}" if names else "there are no sessions yet")
             + " (context_open or context_append starts one)"
         )
@@ -194,10 +197,12 @@ class MemoryPlugin(Plugin):
 
     async def status_tool(self, args: Args, call: ToolCall) -> dict[str, Any]:
         assert self.ctx is not None
-        session = await anyio.to_thread.run_sync(self._existing, args.raw["session_id"], call.namespace)
+        session = await anyio.to_thread.run_sync(self._session, args.raw["session_id"], call.namespace)
         active = session.active()
         out: dict[str, Any] = {
             "session_id": session.id,
+            # the gateway's figures are worth asking for before any note: an unknown name is said, not refused
+            **({} if session.exists else {"note": self._unknown(session.id, call.namespace)}),
             **self._usage(session, call.session_id),
             "entries": len(active),
             "pinned": sum(e.pinned for e in active),
