@@ -11,7 +11,19 @@ from pathlib import Path
 import mcp_types as types
 import pytest
 import token_corpus
-from conftest import PY, call, eventually, gateway_env, inproc, make_settings, probe, run_cli, text_of, write_config
+from conftest import (
+    PY,
+    ROOT,
+    call,
+    eventually,
+    gateway_env,
+    inproc,
+    make_settings,
+    probe,
+    run_cli,
+    text_of,
+    write_config,
+)
 
 pytestmark = pytest.mark.anyio
 IMPERATIVE = ("STOP", "MUST", "IMMEDIATELY", "NOW!")
@@ -177,3 +189,29 @@ def test_gateway_tool_definitions_fit_in_2000_tokens(tmp_path: Path) -> None:
     out = run_cli("inspect", "--config", str(cfg))
     gateway_row = next(line for line in out.stdout.splitlines() if line.startswith("(gateway)"))
     assert int(gateway_row.split()[-2].strip("~").replace(",", "")) >= total  # inspect's estimate leans high
+
+
+def test_a_hosts_statusline_reaches_only_the_gateway_that_host_started(tmp_path: Path) -> None:
+    """Claude Code's statusline reports a 200k window; a local agent's gateway on the same machine (same
+    temp folder) keeps its own figures, while the gateway Claude Code started takes the host's window."""
+    config = write_config(tmp_path, {}, plugins=["memory", "monitor"])
+    host = str(Path(__file__).parent / "servers" / "statusline_host.py")
+    env = gateway_env(TMPDIR=str(tmp_path), PYTHONPATH=str(ROOT))
+    payload = json.dumps(
+        {"session_id": "cc-1", "context_window": {"context_window_size": 200_000, "used_percentage": 42}}
+    )
+    hosts: list[subprocess.Popen[str]] = []
+    seen = []
+    try:
+        # one after the other, both alive: the agent's gateway starts when the figure is already there
+        for name, extra in (("claude-code", [payload]), ("my-local-agent", [])):
+            argv = [PY, host, str(config), name, *extra]
+            hosts.append(subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env))
+            seen.append(json.loads(hosts[-1].stdout.readline() or "{}"))  # type: ignore[union-attr]
+    finally:
+        for h in hosts:
+            h.communicate("", timeout=30)
+    claude, local = seen
+    assert (tmp_path / "claude-ctx-cc-1.json").is_file()  # the figure was there for both to see
+    assert claude["window"] == "200000 tokens (reported by the host)", claude
+    assert "200000" not in local["window"] and "reported by the host" not in local["window"], local

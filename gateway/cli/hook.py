@@ -1,7 +1,8 @@
 """`mcp-context-gateway hook`: a PostToolUse (Claude Code) / AfterTool (Gemini CLI) hook.
 
 Those hosts know the real context usage; a statusline command (`hook --statusline`) writes it to
-a bridge file `{tmp}/claude-ctx-{session_id}.json`, and the tool hook turns it into an advisory
+a bridge file `{tmp}/claude-ctx-{session_id}.json` with the command's ancestors (so that only the
+gateways the same host started take the figure), and the tool hook turns it into an advisory
 note when a level applies. Any problem ends quietly with exit status 0: a hook must never break
 the host.
 """
@@ -18,6 +19,7 @@ from typing import Any
 
 from gateway.services.context_levels import Debounce, bridge_path, level_for, note_text, read_bridge, safe_session_id
 from gateway.services.files import atomic_write
+from gateway.services.process_tree import ancestors
 
 STDIN_GUARD_SECONDS = 10.0
 
@@ -82,6 +84,8 @@ def statusline(payload: dict[str, Any], folder: Path | None = None) -> str:
         "used_pct": 100 - remaining,
         "timestamp": time.time(),
     }
+    # the processes above this command, the host among them: only gateways that host started take the figure
+    bridge["ancestors"] = [pid for pid, _ in ancestors()]
     size = window.get("context_window_size")
     if isinstance(size, int) and size > 0:
         bridge["context_window_size"] = size  # the gateway takes the host's own window from here

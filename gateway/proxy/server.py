@@ -32,7 +32,8 @@ from gateway.proxy.reload import STOP_WAIT, Plan
 from gateway.proxy.routing import URI_SEP, Route, RoutingTable
 from gateway.proxy.upstream import Upstream
 from gateway.results import error_result
-from gateway.services import spill
+from gateway.services import process_tree, spill
+from gateway.services.context_levels import HostBridge
 from gateway.services.costs import definition_tokens
 from gateway.services.model_endpoint import ModelEndpoint
 from gateway.services.responses import (
@@ -120,7 +121,9 @@ class Gateway:
         self._closing = anyio.Event()
         self._list_costs: dict[tuple[Any, ...], tuple[int, int]] = {}  # listing -> (tokens shown, kept out)
         self.llm = ModelEndpoint(settings.llm, workspace)
-        self.window = ContextWindow(settings, self.llm)
+        # a host's statusline figure applies to the gateways that host started (stdio); HTTP serves many hosts
+        host = process_tree.host_pid() if settings.gateway.transport == "stdio" else None
+        self.window = ContextWindow(settings, self.llm, HostBridge(host))
         self.routing = RoutingTable(settings, self.upstreams)
         self.catalog_mode = CatalogMode(self.routing, self.call, self._auto_window, self.wait_ready)
         self.context = GatewayContext(

@@ -90,8 +90,9 @@ class HostFigure:
     window: int | None = None
 
 
-def read_bridge_figure(path: Path, now: float | None = None) -> HostFigure | None:
-    """The figure in a statusline bridge file, or None when missing, broken or stale."""
+def read_bridge_figure(path: Path, now: float | None = None, host: int | None = None) -> HostFigure | None:
+    """The figure in a statusline bridge file, or None when missing, broken or stale; with `host`, also
+    None unless that process is among the statusline command's ancestors (the host that ran it)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         remaining = float(data["remaining_percentage"])
@@ -101,6 +102,8 @@ def read_bridge_figure(path: Path, now: float | None = None) -> HostFigure | Non
     if stamp > 1e12:  # milliseconds
         stamp /= 1000
     if (now or time.time()) - stamp > STALE_SECONDS or not 0 <= remaining <= 100:
+        return None
+    if host is not None and host not in (data.get("ancestors") or []):
         return None
     window = data.get("context_window_size")
     return HostFigure(remaining, window if isinstance(window, int) and window > 0 else None)
@@ -112,27 +115,32 @@ def read_bridge(path: Path, now: float | None = None) -> float | None:
     return figure.remaining_pct if figure else None
 
 
-def fresh_bridges(folder: Path | None = None, now: float | None = None) -> list[tuple[str, HostFigure]]:
-    """(session id, figure) of every fresh bridge file in the temp folder."""
+def fresh_bridges(
+    folder: Path | None = None, now: float | None = None, host: int | None = None
+) -> list[tuple[str, HostFigure]]:
+    """(session id, figure) of every fresh bridge file in the temp folder (with `host`: written under it)."""
     out = []
     for path in (folder or Path(tempfile.gettempdir())).glob("claude-ctx-*.json"):
         sid = path.name[len("claude-ctx-") : -len(".json")]
         if sid.endswith(".state") or safe_session_id(sid) is None:
             continue
-        figure = read_bridge_figure(path, now)
+        figure = read_bridge_figure(path, now, host)
         if figure is not None:
             out.append((sid, figure))
     return out
 
 
 class HostBridge:
-    """The host's own figure from a fresh statusline bridge file for the session the gateway serves: the
-    one named by CTX_HOST_SESSION_ID, else the only fresh one. Looked up at most once a second (listing
-    the temp folder on every call cost more than the rest of the monitor)."""
+    """The host's own figure from a fresh statusline bridge file: the one CTX_HOST_SESSION_ID names, else
+    the one a statusline command of this gateway's own host wrote (it records its ancestors; a stranger's
+    figure never applies). Looked up at most once a second (listing the temp folder on every call cost
+    more than the rest of the monitor). `host` None: no host is known (HTTP, or a gateway started from a
+    terminal), so only CTX_HOST_SESSION_ID links a figure."""
 
     RECHECK_SECONDS = 1.0
 
-    def __init__(self) -> None:
+    def __init__(self, host: int | None = None) -> None:
+        self.host = host
         self._checked = -self.RECHECK_SECONDS
         self._value: HostFigure | None = None
 
@@ -143,8 +151,18 @@ class HostBridge:
         wanted = os.environ.get("CTX_HOST_SESSION_ID")
         if wanted:
             value = read_bridge_figure(bridge_path(wanted))
+        elif self.host is not None:
+            # one host, several sessions in a row (Claude Code's /clear): the newest file wins
+            fresh = sorted(fresh_bridges(host=self.host), key=lambda f: _mtime(f[0]), reverse=True)
+            value = fresh[0][1] if fresh else None
         else:
-            fresh = fresh_bridges()
-            value = fresh[0][1] if len(fresh) == 1 else None
+            value = None
         self._checked, self._value = now, value
         return value
+
+
+def _mtime(session_id: str) -> float:
+    try:
+        return bridge_path(session_id).stat().st_mtime
+    except OSError:
+        return 0.0
