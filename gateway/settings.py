@@ -597,6 +597,12 @@ def load_settings(
         path = Path(os.path.expanduser(str(config))).resolve()
         data = _move_deprecated(read_config_file(path), path)
     data = _merge(data, _env_overrides(environ))
+    # where a value that is not the file's came from: an error names the flag or variable, not the file
+    sources = {
+        tuple(where): f"CTX_{flat.upper()}={environ[f'CTX_{flat.upper()}']}"
+        for flat, where in FLAT_KEYS.items()
+        if f"CTX_{flat.upper()}" in environ and flat != "ingest_root"
+    }
     cli: dict[str, Any] = {}
     for flat, value in (overrides or {}).items():
         if value is None:
@@ -605,12 +611,14 @@ def load_settings(
         if flat in ("ingest_root", "ingest_roots"):  # repeatable: the flags add up
             value = list(_get(cli, where) or []) + list(value)
         _set(cli, where, value)
+        shown = ",".join(map(str, value)) if isinstance(value, list) else value
+        sources[tuple(where)] = f"--{flat.replace('_', '-')} {shown}"
     data = _merge(data, cli)
     data["config_path"] = path
     try:
         return Settings(**data)
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, path)) from None
+        raise ConfigError(format_validation_error(exc, path, sources)) from None
 
 
 def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
@@ -639,12 +647,23 @@ def strip_jsonc(text: str) -> str:
     return _JSONC_COMMA.sub(keep, _JSONC_COMMENT.sub(keep, text))
 
 
-def format_validation_error(exc: ValidationError, path: Path | None) -> str:
-    where = f" in {path}" if path else ""
-    lines = [f"invalid settings{where}:"]
+def format_validation_error(
+    exc: ValidationError, path: Path | None, sources: dict[tuple[str, ...], str] | None = None
+) -> str:
+    """One line per error, each named by where its value came from: the file, or a flag or CTX_ variable."""
+    sources = sources or {}
+    lines: list[str] = []
+    from_file = False
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"])
         msg = err["msg"].removeprefix("Value error, ")
+        origin = sources.get(tuple(str(p) for p in err["loc"]))
+        if not err["loc"]:  # a check across keys: the flag or variable whose key it names
+            origin = next((o for k, o in sources.items() if re.search(rf"\b{k[-1]}\b", msg)), None)
+            loc = "settings"
+        from_file = from_file or origin is None
+        if origin:
+            loc = f"{origin} ({loc})"
         if err["type"] == "extra_forbidden" and err["loc"]:
             key = str(err["loc"][-1])
             model = _model_at(tuple(err["loc"]))
@@ -654,7 +673,8 @@ def format_validation_error(exc: ValidationError, path: Path | None) -> str:
             if known and not close:
                 msg += f"; known keys: {', '.join(known)}"
         lines.append(f"  {loc}: {msg}")
-    return "\n".join(lines)
+    where = f" in {path}" if path and from_file else ""
+    return "\n".join([f"invalid settings{where}:", *lines])
 
 
 def to_toml(servers: dict[str, dict[str, Any]]) -> str:

@@ -45,7 +45,7 @@ async def test_big_json_is_replaced_by_a_small_file_reference(tmp_path: Path) ->
         path = Path(ref["path"])
         assert path.parent == tmp_path / "ws" / "responses" and path.name.startswith("p__big-")
         assert path.suffix == ".json" and ref["size"] == path.stat().st_size > 1_900_000
-        assert ref["sizeHint"].endswith("MB") and "256.0 KB" in ref["maxSizeHint"]
+        assert ref["sizeHint"].endswith("MB") and "262.1 kB" in ref["maxSizeHint"]
         assert ref["tokens"] > 400_000 and ref["openCmd"].endswith(str(path))
         assert reply["outline"]["keys"] == ["data", "meta"] and reply["outline"]["itemCount"]["data"] == 25000
         assert reply["next"] == f"response_outline(path='{ref['id']}')"

@@ -33,6 +33,8 @@ def _default_text(section: str, key: str) -> str:
         return "all installed" if key == "plugins" else "none"
     if value in ("", []):
         return "empty"
+    if isinstance(value, bool):
+        return "on" if value else "off"
     return str(value)
 
 
@@ -84,7 +86,7 @@ EPILOG = """\
 Without a command it runs `serve`, which is what a host starts:
   mcp-context-gateway --config /absolute/path/gateway.toml
 Try it first:
-  mcp-context-gateway demo --config config.example.toml
+  mcp-context-gateway demo
   mcp-context-gateway inspect --config /absolute/path/gateway.toml
   npx @modelcontextprotocol/inspector mcp-context-gateway --config /absolute/path/gateway.toml
 Each command has its own --help. --config also reads a host's mcp.json; CTX_CONFIG sets it too."""
@@ -128,7 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--statusline", action="store_true", help="write the bridge file from statusline JSON")
             continue
         if name == "stats":
-            p.add_argument("--period", choices=["day", "week", "all"], default="all", help="rows for this period")
+            p.add_argument(
+                "--period", choices=["day", "week", "all"], default="all", help="rows for this period (default all)"
+            )
             p.add_argument("--json", action="store_true", help="print the figures as JSON")
         p.add_argument(
             "--config", "-c", help="gateway TOML or host mcp.json, absolute path (default: none; CTX_CONFIG)"

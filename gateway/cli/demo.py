@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import tempfile
+from pathlib import Path
 from typing import Any
 
 import mcp_types as types
@@ -34,25 +36,37 @@ def _size(result: types.CallToolResult) -> int:
     return len(result.model_dump_json(by_alias=True, exclude_none=True).encode())
 
 
-def _gateway_argv(settings: Settings) -> list[str]:
+# The server that ships with the package, fronted when no config names a server (a bare `demo`).
+BUNDLED = """\
+[servers.demo]
+command = "${PYTHON}"
+args = ["-m", "gateway.cli.demo_upstream"]
+max_response_size = 262144
+max_response_tokens = 1500
+"""
+
+
+def _gateway_argv(settings: Settings, config: Path | None) -> list[str]:
     argv = ["-m", "gateway", "serve"]
-    if settings.config_path:
-        argv += ["--config", str(settings.config_path)]
+    if config:
+        argv += ["--config", str(config)]
     return [*argv, "--workspace", str(settings.gateway.workspace)]
 
 
 async def run_demo(settings: Settings, temporary: bool = False) -> int:
-    where = settings.config_path or "(no config file)"
+    config = settings.config_path
+    where = str(config) if config else "(no config file)"
+    if not settings.enabled_servers:  # nothing of the user's to front: the server that ships with the package
+        config = settings.gateway.workspace / "demo.toml"
+        config.write_text(BUNDLED, encoding="utf-8")
+        where += ": the demo server that ships with the package"
     print(
         f"mcp-context-gateway demo — the gateway runs as a host would start it (stdio child process)\n  config: {where}"
     )
-    if not settings.enabled_servers:
-        print("  no [servers.*] configured: nothing to front. Try --config config.example.toml")
-        return 1
     env = {k: v for k, v in os.environ.items() if k.startswith("CTX_") or k in ("PYTHONPATH",)}
     with tempfile.TemporaryFile() as errlog:
         async with (
-            linear_stdio_client(sys.executable, _gateway_argv(settings), env, None, errlog) as streams,
+            linear_stdio_client(sys.executable, _gateway_argv(settings, config), env, None, errlog) as streams,
             ClientSession(*streams) as session,
         ):
             await session.initialize()
@@ -78,10 +92,10 @@ async def run_demo(settings: Settings, temporary: bool = False) -> int:
                 print("  (the demo calls need the [servers.demo] entry from config.example.toml)")
                 return 0 if not missing else 1
             await _demo_calls(session, sep)
-    where = settings.gateway.workspace
-    print(
-        f"  workspace: {where}" + (" (a temporary folder; --workspace DIR uses one of your own)" if temporary else "")
-    )
+    if temporary:
+        print("  workspace: a temporary folder, removed now (--workspace DIR keeps one to look at)")
+    else:
+        print(f"  workspace: {settings.gateway.workspace}")
     return 0
 
 
@@ -147,4 +161,8 @@ def cmd_demo(settings: Settings, temporary: bool = False) -> int:
     """`temporary`: the workspace is a folder made for this run (no --workspace given)."""
     import anyio
 
-    return anyio.run(run_demo, settings, temporary)
+    try:
+        return anyio.run(run_demo, settings, temporary)
+    finally:
+        if temporary:
+            shutil.rmtree(settings.gateway.workspace, ignore_errors=True)

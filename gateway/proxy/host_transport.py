@@ -200,7 +200,8 @@ async def serve_http(gateway: Gateway, reload: Loader | None = None, ready: anyi
         async with gateway.running(), manager.run():
             if reload is not None:
                 tg.start_soon(ConfigReloader(gateway, reload).watch, name="config:watch")
-            log.warning("serving Streamable HTTP at http://%s:%d/mcp", cfg.host, cfg.port)
+            # said, not warned: the default log level shows only problems, and this line is where to connect
+            print(f"mcp-context-gateway: serving Streamable HTTP at http://{cfg.host}:{cfg.port}/mcp", file=sys.stderr)
             if ready is not None:
                 ready.set()
             await server.serve()

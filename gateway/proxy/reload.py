@@ -189,8 +189,10 @@ class ConfigReloader:
             return changed == str(path)
 
         try:
+            # rust_timeout: how long the watcher thread waits before it looks at the stop event; its 5 s
+            # default held every HTTP gateway's exit that long
             async for _ in watchfiles.awatch(
-                path.parent, watch_filter=is_config, debounce=DEBOUNCE_MS, step=50, recursive=False
+                path.parent, watch_filter=is_config, debounce=DEBOUNCE_MS, step=50, recursive=False, rust_timeout=300
             ):
                 await self.reload(f"{path.name} changed")
         except Exception as exc:  # a folder that cannot be watched: SIGHUP still works

@@ -26,10 +26,11 @@ def utf8_size(text: str) -> int:
 
 
 def human_size(n: int) -> str:
-    """1.3 MB, 256.0 KB, 725 B: sizes as people read them."""
+    """1.3 MB, 256.0 kB, 725 B: sizes as people read them, in decimal units (1 MB = 1,000,000 bytes, as
+    file managers and `ls --si` count)."""
     size = float(n)
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1024 or unit == "GB":
+    for unit in ("B", "kB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
             return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
+        size /= 1000
     return f"{size:.1f} GB"
