@@ -27,6 +27,17 @@ def tool(
     return PluginTool(types.Tool(name=name, description=description, input_schema=schema), handler)
 
 
+def integer(description: str = "", default: int | None = None) -> dict[str, Any]:
+    """An integer argument's schema: its default when fixed, else a few words on what it is and how its
+    default is chosen (every word here is in every host's window, so no more than that)."""
+    out: dict[str, Any] = {"type": "integer"}
+    if description:
+        out["description"] = description
+    if default is not None:
+        out["default"] = default
+    return out
+
+
 def guarded(
     fn: Callable[[Args, ToolCall], Awaitable[dict[str, Any]]], expected: tuple[type[Exception], ...] = ()
 ) -> ToolHandler:

@@ -6,7 +6,7 @@ import socket
 from pathlib import Path
 
 import pytest
-from conftest import PY, run_cli, write_config
+from conftest import PY, free_port, gateway_env, probe, run_cli, serving, write_config
 
 
 def failed(out, *expected: str) -> str:
@@ -77,3 +77,50 @@ def test_unknown_command_and_help(tmp_path: Path) -> None:
     assert "--workspace" in clean and "--budget" not in clean and "--port" not in clean
     serve = run_cli("serve", "--help").stdout
     assert "(default 8808; [gateway] port, CTX_PORT)" in " ".join(serve.split())
+
+
+def test_a_wrong_flag_or_variable_is_named_not_the_file(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, {})
+    flag = failed(run_cli("inspect", "--config", str(cfg), "--max-response-size", "10"), "--max-response-size 10")
+    assert str(cfg) not in flag  # the file holds nothing wrong
+    host = failed(run_cli("serve", "--config", str(cfg), "--transport", "http", "--host", "0.0.0.0"), "--host 0.0.0.0")
+    assert "\n  :" not in host  # no empty key name
+    env = failed(run_cli("inspect", "--config", str(cfg), CTX_BUDGET="-5"), "CTX_BUDGET=-5 (gateway.budget)")
+    assert str(cfg) not in env
+
+
+def test_help_says_on_off_and_every_default() -> None:
+    serve = " ".join(run_cli("serve", "--help").stdout.split())
+    assert "(default False" not in serve and "(default True" not in serve and "(default off;" in serve
+    assert "(default all)" in " ".join(run_cli("stats", "--help").stdout.split())
+
+
+def test_import_of_no_servers_says_so_and_names_an_absolute_command(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.json"
+    empty.write_text('{"mcpServers": {}}')
+    out = run_cli("import", str(empty))
+    assert out.returncode == 1 and "lists no servers" in out.stderr and out.stdout == ""
+    one = tmp_path / "one.json"
+    one.write_text('{"mcpServers": {"fs": {"command": "npx", "args": ["-y", "x"]}}}')
+    header = run_cli("import", str(one)).stdout
+    entry = next(line for line in header.splitlines() if '"context-gateway"' in line)
+    command = entry.split('"command": "')[1].split('"')[0]
+    assert Path(command).is_absolute(), entry
+
+
+def test_a_bare_demo_uses_the_bundled_server_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    out = run_cli("demo", timeout=120, TMPDIR=str(tmp_path))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "the demo server that ships with the package" in out.stdout and "saved to a file" in out.stdout
+    assert list(tmp_path.iterdir()) == []  # the temporary workspace is gone
+
+
+def test_a_normal_http_start_is_no_warning(tmp_path: Path) -> None:
+    port = free_port()
+    cfg = write_config(tmp_path, {"p": probe("p")})
+    log = tmp_path / "stderr.txt"
+    argv = [PY, "-m", "gateway", "--config", str(cfg), "--transport", "http", "--port", str(port)]
+    with open(log, "w") as err, serving(argv, f"http://127.0.0.1:{port}/nothing", gateway_env(), stderr=err):
+        pass
+    text = log.read_text()
+    assert f"serving Streamable HTTP at http://127.0.0.1:{port}/mcp" in text and "WARNING" not in text, text

@@ -40,8 +40,8 @@ async def test_a_known_sequence_of_calls_is_counted(tmp_path: Path) -> None:
     assert rows[("whole", "big", "direct")]["tokens_saved"] == 0
     assert rows[("p", "fail", "direct")]["errors"] == 1
     assert rows[("cat", "whoami", "catalog")]["calls"] == 1  # through tool_call, counted as the upstream tool
-    listing = rows[("gateway", "tools/list", "catalog")]
-    assert listing["saved_by"].keys() == {"catalog"} and listing["tokens_saved"] > 0
+    listing = rows[("gateway", "tools/list", "list")]  # labelled as /metrics does; its calls are the listings
+    assert listing["saved_by"].keys() == {"catalog"} and listing["tokens_saved"] > 0 and listing["calls"] >= 1
     assert figures["totals"]["all"]["calls"] == 6 and figures["totals"]["day"]["errors"] == 1
     # the model's own line: this session's calls before it (context_status is the sixth call)
     line = status["gateway"]["usage"]

@@ -2,7 +2,7 @@
 
     python -m gateway.cli.demo_upstream
 
-It stands in for a real API server: `list_orders` returns about 1.5 MB of JSON (the kind
+It stands in for a real API server: `list_orders` returns about 1.4 MB of JSON (the kind
 of result that floods a small model's window), `tail_log` a large plain-text log.
 """
 
@@ -20,7 +20,7 @@ from mcp.server.stdio import stdio_server
 TOOLS = [
     types.Tool(
         name="list_orders",
-        description="List recent orders as JSON (large: about 1.5 MB for the default count).",
+        description="List recent orders as JSON (large: about 1.4 MB for the default count).",
         input_schema={"type": "object", "properties": {"count": {"type": "integer", "default": 5000}}},
     ),
     types.Tool(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from gateway.settings import ServerConfig, format_validation_error, read_config_
 HEADER = """\
 # mcp-context-gateway configuration, converted from {path}
 # In your host's config, replace those servers by one entry (absolute paths; on Windows use / or \\\\):
-#   "context-gateway": {{"command": "mcp-context-gateway", "args": ["--config", "/absolute/path/gateway.toml"]}}
+#   "context-gateway": {{"command": "{command}", "args": ["--config", "/absolute/path/gateway.toml"]}}
 # Check it with: mcp-context-gateway inspect --config /absolute/path/gateway.toml
 # The gateway reloads this file when you save it.
 
@@ -66,14 +67,28 @@ def _warnings(raw: dict[str, Any], servers: dict[str, dict[str, Any]]) -> list[s
     return out
 
 
+def _own_command() -> str:
+    """This gateway's command as an absolute path (hosts do not start commands through the user's PATH)."""
+    script = Path(sys.argv[0])
+    if script.name.startswith("mcp-context-gateway") and script.exists():
+        return str(script.resolve())
+    found = shutil.which("mcp-context-gateway")
+    return str(Path(found).resolve()) if found else "/absolute/path/.venv/bin/mcp-context-gateway"
+
+
 def cmd_import(path: Path) -> int:
     if path.suffix.lower() != ".json":
         print(f"mcp-context-gateway: {path} is not a .json file (import reads a host's mcp.json)", file=sys.stderr)
         return 2
     servers = read_config_file(path)["servers"]
+    if not servers:
+        shape = '{"mcpServers": {"name": {"command": ...}}}'
+        print(f"mcp-context-gateway: {path} lists no servers (expected {shape}): nothing to import", file=sys.stderr)
+        return 1
     raw = json.loads(strip_jsonc(path.read_text(encoding="utf-8")))
     warnings = _warnings(raw, servers)
-    print(HEADER.format(path=path.resolve()) + to_toml(servers), end="")
+    command = json.dumps(_own_command())[1:-1]  # backslashes of a Windows path escaped, as JSON needs
+    print(HEADER.format(path=path.resolve(), command=command) + to_toml(servers), end="")
     for line in warnings:
         print(f"mcp-context-gateway import: {line}", file=sys.stderr)
     return 0

@@ -27,7 +27,7 @@ def cmd_serve(settings: Settings, reload: Callable[[], Settings] | None = None) 
     if settings.gateway.transport == "stdio" and sys.stdin.isatty():
         print(
             "mcp-context-gateway is waiting for an MCP host on stdin (hosts start it themselves; Ctrl+C stops it). "
-            "To try it: `mcp-context-gateway demo --config config.example.toml`, `mcp-context-gateway inspect "
+            "To try it: `mcp-context-gateway demo`, `mcp-context-gateway inspect "
             "--config FILE`, or `npx @modelcontextprotocol/inspector mcp-context-gateway --config FILE`.",
             file=sys.stderr,
         )

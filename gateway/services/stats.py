@@ -207,7 +207,7 @@ def summary(path: Path, period: str = "all", now: float | None = None) -> dict[s
             "FROM calls WHERE ts >= ? ORDER BY server, tool",
             (since,),
         ):
-            key = (server, tool, "catalog" if via == "list" else via)
+            key = (server, tool, via)
             g = groups.setdefault(
                 key,
                 {
@@ -222,8 +222,8 @@ def summary(path: Path, period: str = "all", now: float | None = None) -> dict[s
                     "saved_by": {},
                 },
             )
+            g["calls"] += 1  # a tools/list row counts the listings served
             if via != "list":
-                g["calls"] += 1
                 latencies[key].append(ms)
             g["errors"] += error
             g["result_bytes"] += size

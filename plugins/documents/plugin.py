@@ -18,7 +18,7 @@ import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gateway.args import Args, ToolInputError
-from gateway.handlers import guarded, tool
+from gateway.handlers import guarded, integer, tool
 from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall
 from gateway.services.responses import ID_PATTERN, StoreError, saved_kind
 from gateway.services.search_index import SearchIndex
@@ -249,8 +249,8 @@ class DocumentsPlugin(Plugin):
         return [
             tool(
                 "doc_ingest",
-                "Split a large document (file_path below the ingest roots, or text) into searchable "
-                "chunks by its headings. Re-ingesting an unchanged file is instant.",
+                "Split a large document (file_path below the ingest roots: a file, or a folder's text files; "
+                "or text) into searchable chunks by its headings. Re-ingesting an unchanged file is instant.",
                 handle(self.ingest),
                 {"file_path": {"type": "string"}, "text": {"type": "string"}, "title": {"type": "string"}},
             ),
@@ -258,14 +258,19 @@ class DocumentsPlugin(Plugin):
                 "doc_search",
                 "Find the chunks of ingested documents that match a query, packed into max_tokens.",
                 handle(self.search),
-                {"query": {"type": "string"}, **doc, "limit": {"type": "integer"}, "max_tokens": {"type": "integer"}},
+                {
+                    "query": {"type": "string"},
+                    **doc,
+                    "limit": integer(default=5),
+                    "max_tokens": integer("default: half the budget"),
+                },
                 ["query"],
             ),
             tool(
                 "doc_window",
                 "Read consecutive chunks start..end of a document.",
                 handle(self.window),
-                {**doc, "start": {"type": "integer"}, "end": {"type": "integer"}},
+                {**doc, "start": integer("from 0"), "end": integer("default: start")},
                 ["doc_id", "start"],
             ),
             tool("doc_list", "List ingested documents.", handle(self.list)),

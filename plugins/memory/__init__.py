@@ -17,7 +17,7 @@ import anyio.to_thread
 import mcp_types as types
 
 from gateway.args import Args
-from gateway.handlers import guarded, tool
+from gateway.handlers import guarded, integer, tool
 from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall
 from gateway.services.model_endpoint import LLMUnavailable
 from gateway.services.tokens import estimate_tokens
@@ -144,8 +144,8 @@ class MemoryPlugin(Plugin):
                 self._tool(self.compact),
                 sid
                 | {
-                    "keep_recent": {"type": "integer"},
-                    "target_tokens": {"type": "integer"},
+                    "keep_recent": integer(default=5),
+                    "target_tokens": integer("default: a quarter of the budget"),
                     "dry_run": {"type": "boolean"},
                 },
                 ["session_id"],
@@ -154,7 +154,7 @@ class MemoryPlugin(Plugin):
                 "context_recall",
                 "Bring back pinned notes and the notes that best match a query, within max_tokens.",
                 self._tool(self.recall),
-                sid | {"query": {"type": "string"}, "max_tokens": {"type": "integer"}},
+                sid | {"query": {"type": "string"}, "max_tokens": integer("default: the budget")},
                 ["session_id"],
             ),
             tool("context_guide", "How to use these tools together; read once.", self._guide),

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 import plugins.offload.fileref as fileref
 import plugins.offload.query as query
 from gateway.args import Args, ToolInputError
-from gateway.handlers import guarded, tool
+from gateway.handlers import guarded, integer, tool
 from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall
 from gateway.results import error_result
 from gateway.services.responses import StoreError
@@ -40,7 +40,7 @@ def free_space(folder: Path) -> int:
         return 0
 
 
-PATH = {"type": "string", "description": "fileRef id (resp_...) or file path"}
+PATH = {"type": "string", "description": "fileRef id (resp_...), or the path the fileRef gives"}
 JSON_PATH = {"type": "string", "description": "e.g. data.0.name or $.data[0].name; -1 = last"}
 
 
@@ -191,9 +191,9 @@ class OffloadPlugin(Plugin):
                 | {
                     "mode": {"type": "string", "enum": list(MODES)},
                     "json_path": JSON_PATH,
-                    "array_head": {"type": "integer"},
-                    "array_tail": {"type": "integer"},
-                    "max_length": {"type": "integer"},
+                    "array_head": integer(default=3),
+                    "array_tail": integer("default 1 for sample_array, else 0"),
+                    "max_length": integer(default=80),
                     "keys": {"type": "array", "items": {"type": "string"}},
                 },
                 ["path", "mode"],
@@ -203,7 +203,12 @@ class OffloadPlugin(Plugin):
                 "One value of an offloaded JSON result by json_path, or a line range "
                 "(start_line, end_line) of any text result.",
                 handle(lambda e: e.slice),
-                path | {"json_path": JSON_PATH, "start_line": {"type": "integer"}, "end_line": {"type": "integer"}},
+                path
+                | {
+                    "json_path": JSON_PATH,
+                    "start_line": integer("from 1"),
+                    "end_line": integer("default: as many as fit"),
+                },
                 ["path"],
             ),
             tool(
@@ -211,14 +216,14 @@ class OffloadPlugin(Plugin):
                 "Find lines (text) or records (JSON) of an offloaded result containing the "
                 "query words; ranked, with paths or line numbers.",
                 handle(lambda e: e.search),
-                path | {"query": {"type": "string"}, "limit": {"type": "integer"}, "offset": {"type": "integer"}},
+                path | {"query": {"type": "string"}, "limit": integer(default=10), "offset": integer(default=0)},
                 ["path", "query"],
             ),
             tool(
                 "response_query",
                 "DuckDB SQL over a whole offloaded result (its tables are named in the fileRef and response_outline).",
                 handle(lambda e: e.query),
-                path | {"sql": {"type": "string"}, "max_tokens": {"type": "integer"}},
+                path | {"sql": {"type": "string"}, "max_tokens": integer("default: the result limit")},
                 ["path", "sql"],
             ),
         ]

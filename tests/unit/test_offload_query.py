@@ -34,7 +34,7 @@ def test_rows_beyond_the_budget_are_all_saved(explorer: tuple[Explorer, str]) ->
 
 
 def test_huge_rows_stop_at_the_answer_cap(explorer: tuple[Explorer, str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(query, "ANSWER_BYTES", 4 * 1024 * 1024)
+    monkeypatch.setattr(query, "ANSWER_BYTES", 4_000_000)
     answer = _ask(explorer, "SELECT i, repeat('x', 500000) AS s FROM range(1000) t(i)")
     assert str(answer["row_count"]).startswith("more than ") and "larger than 4.0 MB" in answer["note"]
     saved = Path(answer["fileRef"]["path"])

@@ -28,7 +28,8 @@ def test_periods_and_groups(tmp_path: Path) -> None:
     assert day["totals"]["week"]["calls"] == 2
     rows = {r["tool"]: r for r in summary(tmp_path / "stats.db", "week", now)["rows"]}
     assert rows["read"]["calls"] == 2 and rows["read"]["p50_ms"] == 20.0 and rows["read"]["max_ms"] == 30.0
-    assert rows["tools/list"]["calls"] == 0 and rows["tools/list"]["saved_by"] == {"catalog": 90}
+    assert rows["tools/list"]["calls"] == 1 and rows["tools/list"]["saved_by"] == {"catalog": 90}
+    assert rows["tools/list"]["via"] == "list"
 
 
 def test_session_line() -> None:
