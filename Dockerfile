@@ -1,16 +1,29 @@
-# mcp-context-gateway: stdio by default (docker run -i), HTTP with CTX_TRANSPORT=http.
-FROM python:3.11-slim
-RUN apt-get update && apt-get install -y --no-install-recommends nodejs npm \
+# mcp-context-gateway in a container (README: Docker). stdio by default: `docker run -i --rm ...`.
+# HTTP: `-e CTX_TRANSPORT=http -e CTX_AUTH_TOKEN=... -p 8808:8808`: it listens on every interface of the
+# container (CTX_HOST=0.0.0.0), and refuses to without a token. Your config goes to /config/gateway.toml
+# (read-only is fine), the workspace is /data (a named volume; a bind mount must be writable by the
+# user the container runs as: `--user "$(id -u):$(id -g)"`). Built and run by tests/container/build.sh
+# and the opt-in tests/test_container.py.
+ARG BASE=debian:bookworm-slim
+FROM ${BASE}
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates nodejs npm \
     && rm -rf /var/lib/apt/lists/* \
-    && useradd --create-home --uid 10001 gateway
-WORKDIR /app
-COPY pyproject.toml README.md config.example.toml ./
-COPY gateway ./gateway
-COPY plugins ./plugins
-RUN pip install --no-cache-dir . && mkdir -p /data /config && chown gateway /data /config
+    && useradd --create-home --uid 10001 gateway \
+    && mkdir -p /data /config && chown gateway /data
+COPY . /src
+# a wheel is built in a temporary folder and installed; the sources (and any build/ or egg-info) go
+RUN python3 -m venv /opt/gateway \
+    && /opt/gateway/bin/pip install --no-cache-dir --disable-pip-version-check /src \
+    && cp /src/config.example.toml /config/gateway.toml \
+    && rm -rf /src
 USER gateway
-ENV CTX_WORKSPACE=/data CTX_HOST=127.0.0.1
+ENV PATH=/opt/gateway/bin:$PATH \
+    CTX_WORKSPACE=/data \
+    CTX_HOST=0.0.0.0 \
+    CTX_LLM_BASE_URL=http://host.docker.internal:1234/v1 \
+    PYTHONDONTWRITEBYTECODE=1
 VOLUME ["/data"]
 EXPOSE 8808
 ENTRYPOINT ["mcp-context-gateway"]
-CMD ["serve", "--config", "/app/config.example.toml"]
+CMD ["serve", "--config", "/config/gateway.toml"]

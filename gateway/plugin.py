@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 from gateway.progress import ProgressReporter, no_progress
 from gateway.services.costs import Cost, result_cost
-from gateway.services.responses import ResponseStore
+from gateway.services.responses import ResponseStore, seen_on_host
 from gateway.services.tokens import json_tokens
 
 if TYPE_CHECKING:  # types only: services the context hands out (no cycle: services never import the plugin API)
@@ -112,7 +112,8 @@ class GatewayContext:
         """The responses store of one namespace (the default one is `responses`)."""
         if not namespace:
             return self.responses
-        return ResponseStore(self.namespace_dir(namespace) / "responses")
+        folder = self.namespace_dir(namespace) / "responses"
+        return ResponseStore(folder, seen_on_host(self.settings.gateway.workspace_on_host, self.workspace, folder))
 
     def status(self, session_id: str) -> dict[str, Any]:
         """Every plugin's figures for one host connection (for context_status)."""

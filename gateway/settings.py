@@ -221,10 +221,14 @@ def check_workspace(settings: Settings) -> None:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:
-        raise ConfigError(
-            f"workspace {folder} is not writable ({exc.strerror or exc}): set [gateway] workspace (or CTX_WORKSPACE) "
-            "to a folder you can write"
-        ) from None
+        in_container = Path("/.dockerenv").exists() or Path("/run/.containerenv").exists()
+        fix = (
+            f"in a container, mount a named volume on {folder}, or run the container as the owner of the "
+            'folder you bind-mount there (`--user "$(id -u):$(id -g)"`)'
+            if in_container
+            else "set [gateway] workspace (or CTX_WORKSPACE) to a folder you can write"
+        )
+        raise ConfigError(f"workspace {folder} is not writable ({exc.strerror or exc}): {fix}") from None
 
 
 def _check_response_size(value: int) -> int:
@@ -241,6 +245,11 @@ class GatewaySettings(BaseModel):
     workspace: Path = Field(
         default_factory=default_workspace,
         description="folder for offloaded results, notes, indexes and logs (absolute path)",
+    )
+    workspace_on_host: str = Field(
+        "",
+        description="where the host sees the workspace when the gateway runs in a container (a bind mount): "
+        "the openCmd of offloaded results uses it",
     )
     budget: int = Field(0, ge=0, description="token budget for notes and results; 0 = half the window, else 4000")
     context_window: int = Field(

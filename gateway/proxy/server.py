@@ -44,6 +44,7 @@ from gateway.services.responses import (
     read_piece,
     response_uri,
     saved_kind,
+    seen_on_host,
 )
 from gateway.services.spill import Spiller
 from gateway.services.stats import FLUSH_SECONDS, Row, Stats
@@ -130,7 +131,12 @@ class Gateway:
             settings=settings,
             routing=self.routing,
             llm=self.llm,
-            responses=ResponseStore(settings.gateway.responses_dir),
+            responses=ResponseStore(
+                settings.gateway.responses_dir,
+                seen_on_host(
+                    settings.gateway.workspace_on_host, settings.gateway.workspace, settings.gateway.responses_dir
+                ),
+            ),
             tokens=self.llm.tokens,
             window=self.window,
             status_of=self._status,

@@ -69,12 +69,19 @@ class StoreError(Exception):
     """A path or id the model gave that does not resolve; the message says what exists."""
 
 
-def open_command(path: Path) -> str:
-    if sys.platform == "darwin":
+def open_command(path: Path | str, platform: str = sys.platform) -> str:
+    if platform == "darwin":
         return f"open {path}"
-    if sys.platform == "win32":
+    if platform == "win32":
         return f'start "" "{path}"'
     return f"xdg-open {path}"
+
+
+def host_platform(path: str) -> str:
+    """The platform a host path belongs to, by its shape (a container cannot ask the host)."""
+    if re.match(r"^[A-Za-z]:[\\/]", path):
+        return "win32"
+    return "darwin" if path.startswith("/Users/") else "linux"
 
 
 def saved_kind(path: Path) -> str:
@@ -99,9 +106,30 @@ class Saved:
     mime: str = ""
 
 
+def seen_on_host(host: str, workspace: Path, folder: Path) -> str:
+    """A workspace folder as the host sees it (`workspace_on_host`: a container's bind mount), or ""."""
+    if not host:
+        return ""
+    inner = folder.relative_to(workspace)
+    sep = "\\" if host_platform(host) == "win32" else "/"
+    return host.rstrip("/\\") + "".join(sep + part for part in inner.parts)
+
+
 class ResponseStore:
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, seen_as: str = ""):
         self.folder = folder
+        self.seen_as = seen_as  # the folder as the host sees it (a container's bind mount), for openCmd
+
+    def open_command(self, path: Path) -> str:
+        """How the user opens a saved file: on the host's side of a container's bind mount when known."""
+        if not self.seen_as:
+            return open_command(path)
+        try:
+            inner = path.relative_to(self.folder)
+        except ValueError:
+            return open_command(path)
+        sep = "\\" if host_platform(self.seen_as) == "win32" else "/"
+        return open_command(self.seen_as + "".join(sep + part for part in inner.parts), host_platform(self.seen_as))
 
     def ensure(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)

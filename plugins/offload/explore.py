@@ -16,7 +16,7 @@ import plugins.offload.json_values as json_values
 import plugins.offload.query as query
 import plugins.offload.textfile as textfile
 from gateway.args import Args, ToolInputError
-from gateway.services.responses import ResponseStore, id_of, open_command, saved_kind
+from gateway.services.responses import ResponseStore, id_of, saved_kind
 from gateway.services.text import human_size
 from plugins.offload.fit import cost, fit, longest_prefix, take_within
 from plugins.offload.json_file import BrokenJSON, is_small
@@ -55,7 +55,7 @@ class Explorer:
     def _refuse_binary(self, path: Path, tool: str) -> None:
         raise ToolInputError(
             f"{tool}: {path.name} is a binary file ({human_size(path.stat().st_size)}); "
-            f"open it with: {open_command(path)}"
+            f"open it with: {self.store.open_command(path)}"
         )
 
     def outline(self, args: Args, budget: int) -> dict[str, Any]:
@@ -67,7 +67,7 @@ class Explorer:
                 "type": "binary",
                 "size": path.stat().st_size,
                 "sizeHint": human_size(path.stat().st_size),
-                "openCmd": open_command(path),
+                "openCmd": self.store.open_command(path),
             }
         tables, trouble = self._catalog(path, kind)
         if kind == "text":

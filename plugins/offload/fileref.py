@@ -17,7 +17,7 @@ import plugins.offload.textfile as textfile
 from gateway.plugin import ToolCall
 from gateway.services import spill
 from gateway.services.costs import Cost, looks_like_json, meta_size
-from gateway.services.responses import ResponseStore, Saved, open_command, response_uri
+from gateway.services.responses import ResponseStore, Saved, response_uri
 from gateway.services.text import human_size
 from plugins.offload.json_file import BrokenJSON, is_small
 from plugins.offload.json_outline import outline, warm_outline
@@ -118,7 +118,7 @@ def _replace(
         ref["fileSize"] = primary.size  # the saved file (JSON escapes and other blocks make the result larger)
     if primary.kind == "binary":
         ref["mime"] = primary.mime
-    ref["openCmd"] = open_command(primary.path)
+    ref["openCmd"] = store.open_command(primary.path)
     what = "error output" if result.is_error else "result"
     if cost.size > max_size or cost.tokens > max_tokens:
         # size and tokens stand above: the message says only what to do

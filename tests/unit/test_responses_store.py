@@ -47,3 +47,19 @@ def test_expiry_and_clear(tmp_path: Path) -> None:
     os.utime(old.path, (0, 0))
     assert store.remove_older_than(48) == 1 and not old.path.exists() and new.path.exists()
     assert store.clear() == 1 and not list(store.folder.iterdir())
+
+
+def test_the_open_command_names_the_hosts_side_of_a_bind_mount(tmp_path: Path) -> None:
+    """In a container the workspace is /data; the host opens the file where it mounted that folder."""
+    from gateway.services.responses import seen_on_host
+
+    workspace = tmp_path / "data"
+    folder = workspace / "ns" / "alice" / "responses"
+    for host, expected in [
+        ("/home/me/gw", "xdg-open /home/me/gw/ns/alice/responses/x-1.json"),
+        ("/Users/me/gw", "open /Users/me/gw/ns/alice/responses/x-1.json"),
+        ("C:\\Users\\me\\gw", 'start "" "C:\\Users\\me\\gw\\ns\\alice\\responses\\x-1.json"'),
+    ]:
+        store = ResponseStore(folder, seen_on_host(host, workspace, folder))
+        assert store.open_command(folder / "x-1.json") == expected
+    assert ResponseStore(folder).open_command(folder / "x-1.json").endswith(str(folder / "x-1.json"))
