@@ -218,14 +218,15 @@ def test_a_hosts_statusline_reaches_only_the_gateway_that_host_started(tmp_path:
 
 
 def test_every_argument_of_the_gateways_tools_says_what_it_is() -> None:
-    """A model sees only the schema: every integer argument has its default or a description; the path
-    argument says which paths it takes."""
+    """A model sees only the schema: each count and bound a model cannot guess has its default or says how
+    it is chosen (every word of it is in every window: the rest stay bare); the path argument says which
+    paths it takes."""
     from gateway.pipeline import load_plugins
 
     tools = [t.tool for p in load_plugins(None, []) for t in p.tools()]
     for tool in tools:
         for name, schema in tool.input_schema.get("properties", {}).items():
-            if schema.get("type") == "integer":
+            if name in ("limit", "offset", "max_tokens", "start", "end", "keep_recent", "target_tokens"):
                 assert "default" in schema or schema.get("description"), (tool.name, name)
     paths = {t.name: t.input_schema["properties"].get("path", {}) for t in tools if t.name.startswith("response_")}
     assert all("path the fileRef gives" in p["description"] for p in paths.values()), paths

@@ -191,9 +191,9 @@ class OffloadPlugin(Plugin):
                 | {
                     "mode": {"type": "string", "enum": list(MODES)},
                     "json_path": JSON_PATH,
-                    "array_head": integer(default=3),
-                    "array_tail": integer("default 1 for sample_array, else 0"),
-                    "max_length": integer(default=80),
+                    "array_head": {"type": "integer"},
+                    "array_tail": {"type": "integer"},
+                    "max_length": {"type": "integer"},
                     "keys": {"type": "array", "items": {"type": "string"}},
                 },
                 ["path", "mode"],
@@ -206,8 +206,8 @@ class OffloadPlugin(Plugin):
                 path
                 | {
                     "json_path": JSON_PATH,
-                    "start_line": integer("from 1"),
-                    "end_line": integer("default: as many as fit"),
+                    "start_line": {"type": "integer"},
+                    "end_line": {"type": "integer"},
                 },
                 ["path"],
             ),
