@@ -1,6 +1,7 @@
 """Peak memory of the gateway while it offloads huge results, against the same read made directly.
 
     python bench/big_results.py [--sizes 10 68 200] [--korean 100] [--http]
+    python bench/big_results.py --explore [--sizes 68]
 
 The real filesystem server (npm) reads a generated JSON file of each size and answers with one
 JSON-RPC line holding the text and its structuredContent copy (about twice the file, escaped); files
@@ -171,6 +172,105 @@ async def measure(source: Path, server: list[str], tmp: Path) -> list[str]:
     ]
 
 
+def tree_rss(pid: int) -> int:
+    """RSS of the gateway and its query workers (`plugins.offload.sql_worker`), now: the upstream servers
+    it started are not the gateway's cost."""
+    children: dict[int, list[int]] = {}
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(proc.name))
+    total = 0
+    for current in [pid, *children.get(pid, [])]:
+        try:
+            if current == pid or b"sql_worker" in Path(f"/proc/{current}/cmdline").read_bytes():
+                total += status(current, "VmRSS")
+        except OSError:
+            continue
+    return total
+
+
+async def explore(source: Path, server: list[str], tmp: Path) -> list[str]:
+    """A result's whole exploration from a fresh gateway (nothing loaded before: idle is right after
+    tools/list): the offloading call, the first outline, 20 slices, the table conversion (awaited by a
+    query). Peak: the gateway's own (VmHWM), and with its SQL worker processes (sampled every 20 ms)."""
+    size = source.stat().st_size
+    config = tmp / f"gw-explore-{source.stem}.toml"
+    config.write_text(
+        f'[gateway]\nworkspace = {json.dumps(str(tmp / "ws-explore"))}\nplugins = ["offload"]\n\n'
+        f"[servers.fs]\ncommand = {json.dumps(server[0])}\nargs = {json.dumps(server[1:])}\n"
+    )
+    async with session(sys.executable, ["-m", "gateway", "--config", str(config)], tmp / "gw.log") as client:
+        pid = child_pid(os.getpid())
+        await client.list_tools()
+        idle = await settled(pid)
+        idle_tree = tree_rss(pid)
+        peak_tree = idle_tree
+
+        async def sample() -> None:
+            nonlocal peak_tree
+            while True:
+                peak_tree = max(peak_tree, tree_rss(pid))
+                await anyio.sleep(0.02)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(sample)
+            t = time.perf_counter()
+            reply = await call(client, "fs__read_text_file", {"path": str(source)})
+            rid = json.loads(reply.content[0].text)["fileRef"]["id"]
+            outline = await call(client, "response_outline", {"path": rid})
+            assert not outline.is_error, outline.content[0].text[:300]
+            for i in range(20):
+                piece = await call(client, "response_slice", {"path": rid, "json_path": f"items.{i * 997}"})
+                assert not piece.is_error, piece.content[0].text[:300]
+            counted = await call(client, "response_query", {"path": rid, "sql": "SELECT count(*) FROM items"})
+            assert not counted.is_error, counted.content[0].text[:300]
+            seconds = time.perf_counter() - t
+            await settled(pid)
+            tg.cancel_scope.cancel()
+        peak = status(pid, "VmHWM")
+    return [
+        f"{source.name} ({size / 2**20:.0f} MB)",
+        f"{idle / 2**20:.0f} MB",
+        f"{(peak - idle) / 2**20:.0f} MB",
+        f"{(peak - idle) / size:.2f}x",
+        f"{(peak_tree - idle_tree) / 2**20:.0f} MB",
+        f"{(peak_tree - idle_tree) / size:.2f}x",
+        f"{seconds:.1f} s",
+    ]
+
+
+async def explore_main(sizes: list[int]) -> None:
+    filesystem = npm_bin("mcp-server-filesystem")
+    tmp = Path(tempfile.mkdtemp(prefix="ctx-bench-explore-"))
+    (tmp / "data").mkdir()
+    rows = [
+        [
+            "file",
+            "fresh idle",
+            "gateway peak above idle",
+            "x file (<= 1.5x)",
+            "with SQL workers, peak above idle",
+            "x file",
+            "time",
+        ]
+    ]
+    try:
+        for mb in sizes:
+            source = tmp / "data" / f"export-{mb}mb.json"
+            make_json(source, mb)
+            server = [sys.executable, str(Path(__file__).with_name("file_server.py")), str(tmp / "data")]
+            if source.stat().st_size <= NODE_LIMIT:
+                server = [filesystem, str(tmp / "data")]
+            rows.append(await explore(source, server, tmp))
+            print(table(rows), "\n", flush=True)
+    finally:
+        subprocess.run(["rm", "-rf", str(tmp)], check=False)
+
+
 async def main(sizes: list[int], korean: int, http: bool) -> None:
     filesystem = npm_bin("mcp-server-filesystem")
     tmp = Path(tempfile.mkdtemp(prefix="ctx-bench-big-"))
@@ -238,5 +338,11 @@ if __name__ == "__main__":
     parser.add_argument("--sizes", type=int, nargs="*", default=[10, 68, 200])
     parser.add_argument("--korean", type=int, default=100)
     parser.add_argument("--http", action="store_true", help="the upstream over Streamable HTTP instead of stdio")
+    parser.add_argument(
+        "--explore", action="store_true", help="each result's whole exploration from a fresh gateway instead"
+    )
     args = parser.parse_args()
-    anyio.run(main, args.sizes, args.korean, args.http)
+    if args.explore:
+        anyio.run(explore_main, args.sizes)
+    else:
+        anyio.run(main, args.sizes, args.korean, args.http)

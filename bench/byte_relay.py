@@ -1,7 +1,7 @@
-"""The floor of any stdio proxy: bytes copied both ways between the host and the demo upstream, nothing
+"""The floor of any stdio proxy: bytes copied both ways between the host and an upstream, nothing
 parsed. `bench/proxy_overhead.py` runs it to show what the extra process hop alone costs.
 
-    python bench/byte_relay.py
+    python bench/byte_relay.py [COMMAND ARGS...]      (default: the demo upstream)
 """
 
 import asyncio
@@ -15,9 +15,8 @@ async def copy(reader: asyncio.StreamReader, write) -> None:
 
 
 async def main() -> None:
-    child = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway.cli.demo_upstream", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
-    )
+    argv = sys.argv[1:] or [sys.executable, "-m", "gateway.cli.demo_upstream"]
+    child = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
     loop = asyncio.get_running_loop()
     host_in = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(host_in), sys.stdin)

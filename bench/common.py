@@ -62,10 +62,13 @@ async def call(session: ClientSession, name: str, args: dict[str, Any]) -> types
 def write_config(
     path: Path, workspace: Path, plugins: list[str], gateway: dict[str, Any] | None = None, **server: Any
 ) -> Path:
-    """A config with the demo upstream; `gateway`: more `[gateway]` keys; `server`: more keys of the server."""
+    """A config with one upstream named `demo` (the demo server unless `command`/`args` say another);
+    `gateway`: more `[gateway]` keys; `server`: more keys of the server."""
     lines = ["[gateway]", f"workspace = {json.dumps(str(workspace))}", f"plugins = {json.dumps(plugins)}"]
     lines += [f"{k} = {json.dumps(v)}" for k, v in (gateway or {}).items()] + [""]
-    lines += ["[servers.demo]", 'command = "${PYTHON}"', 'args = ["-m", "gateway.cli.demo_upstream"]']
+    server.setdefault("command", "${PYTHON}")
+    server.setdefault("args", ["-m", "gateway.cli.demo_upstream"])
+    lines += ["[servers.demo]"]
     lines += [f"{k} = {json.dumps(v)}" for k, v in server.items()]
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -2,7 +2,8 @@
 path), through a byte relay (the floor of any stdio proxy: one more process hop, nothing parsed) and
 through the fastmcp proxy, all over stdio and all in one run.
 
-python bench/proxy_overhead.py [--calls 1000] [--rounds 10] [--fastmcp-python PATH]
+python bench/proxy_overhead.py [--calls 1000] [--rounds 10] [--server demo|time|everything] [--era 2025|2026]
+                               [--fastmcp-python PATH]
 
 Every path is started first and the calls are interleaved in rounds (each round: `calls / rounds`
 calls on every path in turn), so a machine that gets busier or quieter during the run shifts all
@@ -19,13 +20,19 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
+import mcp_types as types
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from common import call, pct, stdio_session, table, write_config
+from fleet import python_bin
+from npm_servers import npm_bin
 
 BENCH = Path(__file__).resolve().parent
 FASTMCP_VENV = Path.home() / ".cache" / "mcp-context-gateway-bench" / "fastmcp"
@@ -43,48 +50,80 @@ def fastmcp_python(given: str | None) -> str:
     return str(python)
 
 
-async def main(n: int, rounds: int, fastmcp: str | None) -> None:
+def upstream(server: str) -> tuple[list[str], str, Callable[[str], dict[str, Any]]]:
+    """The upstream's command, the small tool called and its arguments."""
+    if server == "time":  # mcp-server-time (PyPI): a real Python server
+        return (
+            [python_bin("mcp-server-time"), "--local-timezone", "UTC"],
+            "get_current_time",
+            lambda _: {"timezone": "UTC"},
+        )
+    if server == "everything":  # @modelcontextprotocol/server-everything (npm): a real Node server
+        return [npm_bin("mcp-server-everything"), "stdio"], "echo", lambda text: {"message": text}
+    return [sys.executable, "-m", "gateway.cli.demo_upstream"], "echo", lambda text: {"text": text}
+
+
+Call = Callable[[str, dict[str, Any]], Awaitable[types.CallToolResult]]
+
+
+@asynccontextmanager
+async def host(argv: list[str], errlog: Path, era: str) -> AsyncIterator[Call]:
+    """A host over stdio: a handshake-era `ClientSession` on the linear reader, or the SDK's `Client` in
+    the 2026-07-28 mode (no handshake; each request carries the era's envelope)."""
+    if era == "2025":
+        async with stdio_session(argv[1:], errlog, python=argv[0]) as session:
+            yield lambda name, args: call(session, name, args)
+        return
+    from mcp import Client, StdioServerParameters
+
+    async with Client(StdioServerParameters(command=argv[0], args=argv[1:]), mode="2026-07-28") as client:
+        yield client.call_tool  # (its stderr: this process's)
+
+
+async def main(n: int, rounds: int, fastmcp: str | None, server: str, era: str) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="ctx-bench-"))
-    paths: list[tuple[str, list[str], str, str]] = [  # label, argv, tool, python
-        ("direct (no gateway)", ["-m", "gateway.cli.demo_upstream"], "echo", sys.executable)
-    ]
+    command, tool, arguments = upstream(server)
+    paths: list[tuple[str, list[str], str]] = [("direct (no gateway)", command, tool)]  # label, argv, tool
     for label, plugins, lean in (
         ("gateway, no plugins", [], True),
         ("gateway, default plugins", EVERY_PLUGIN, True),
         ("gateway, default plugins, lean_path off", EVERY_PLUGIN, False),
     ):
-        cfg = write_config(tmp / f"{len(paths)}.toml", tmp / f"ws{len(paths)}", plugins, gateway={"lean_path": lean})
-        paths.append((label, ["-m", "gateway", "--config", str(cfg)], "demo__echo", sys.executable))
-    paths.append(("byte relay (floor of any proxy)", [str(BENCH / "byte_relay.py")], "echo", sys.executable))
+        cfg = write_config(
+            tmp / f"{len(paths)}.toml",
+            tmp / f"ws{len(paths)}",
+            plugins,
+            gateway={"lean_path": lean},
+            command=command[0],
+            args=command[1:],
+        )
+        paths.append((label, [sys.executable, "-m", "gateway", "--config", str(cfg)], f"demo__{tool}"))
+    paths.append(("byte relay (floor of any proxy)", [sys.executable, str(BENCH / "byte_relay.py"), *command], tool))
     skipped = ""
     try:
         paths.append(
-            (
-                "fastmcp proxy (no plugins)",
-                [str(BENCH / "fastmcp_proxy.py"), sys.executable],
-                "echo",
-                fastmcp_python(fastmcp),
-            )
+            ("fastmcp proxy (no plugins)", [fastmcp_python(fastmcp), str(BENCH / "fastmcp_proxy.py"), *command], tool)
         )
     except Exception as exc:  # fastmcp cannot be installed here
         skipped = f"fastmcp proxy not run: {exc}"
     latencies: dict[str, list[float]] = {label: [] for label, *_ in paths}
     async with AsyncExitStack() as stack:
-        sessions = []
-        for i, (label, argv, tool, python) in enumerate(paths):
-            session = await stack.enter_async_context(stdio_session(argv, tmp / f"{i}.log", python=python))
+        calls = []
+        for i, (label, argv, name) in enumerate(paths):
+            do = await stack.enter_async_context(host(argv, tmp / f"{i}.log", era))
             for _ in range(20):  # warm-up
-                await call(session, tool, {"text": "warm"})
-            sessions.append((label, session, tool))
+                await do(name, arguments("warm"))
+            calls.append((label, do, name))
         per_round = max(1, n // rounds)
         for r in range(rounds):
-            for label, session, tool in sessions:
+            for label, do, name in calls:
                 for i in range(per_round):
                     t = time.perf_counter()
-                    result = await call(session, tool, {"text": f"call {r}.{i}"})
+                    result = await do(name, arguments(f"call {r}.{i}"))
                     latencies[label].append((time.perf_counter() - t) * 1000)
                     assert not result.is_error, result
     base = pct(latencies[paths[0][0]], 0.5)
+    print(f"upstream: {server} ({' '.join(Path(c).name for c in command)}), tool {tool}; host era {era}")
     rows = [["path", "calls", "p50 ms", "p95 ms", "p50 ratio"]]
     for label, lat in latencies.items():
         p50, p95 = pct(lat, 0.5), pct(lat, 0.95)
@@ -92,7 +131,7 @@ async def main(n: int, rounds: int, fastmcp: str | None) -> None:
     print(table(rows))
     if skipped:
         print(skipped)
-    print("\ntarget: gateway p50 within 1.3x of direct, and at most the fastmcp proxy's")
+    print("\ntarget: gateway p50 within 1.2x of direct, and below the fastmcp proxy's")
 
 
 if __name__ == "__main__":
@@ -100,5 +139,7 @@ if __name__ == "__main__":
     parser.add_argument("--calls", type=int, default=1000, help="calls per path")
     parser.add_argument("--rounds", type=int, default=10, help="rounds the calls are interleaved in")
     parser.add_argument("--fastmcp-python", help="a Python with fastmcp installed (default: a bench-only venv)")
+    parser.add_argument("--server", choices=["demo", "time", "everything"], default="demo", help="the upstream")
+    parser.add_argument("--era", choices=["2025", "2026"], default="2025", help="the host's protocol era")
     args = parser.parse_args()
-    anyio.run(main, args.calls, args.rounds, args.fastmcp_python)
+    anyio.run(main, args.calls, args.rounds, args.fastmcp_python, args.server, args.era)
