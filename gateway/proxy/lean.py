@@ -214,14 +214,17 @@ def _outcome(raw: dict[str, Any]) -> Outcome:
     return result if isinstance(result, dict) else {}
 
 
-PLAIN_RESULT = frozenset(("content", "isError"))
+PLAIN_RESULT = frozenset(("content", "isError", "structuredContent"))
 PLAIN_BLOCK = frozenset(("type", "text"))
 
 
 def _plain_text_result(raw: dict[str, Any]) -> bool:
-    """Text blocks and maybe `isError`, nothing else: what most tools answer. Every protocol version's
-    surface accepts it unchanged, so the model alone reads it as the SDK would."""
+    """Text blocks, maybe `isError` and a `structuredContent` object, nothing else: what most tools answer
+    (servers with an output schema send both). Every protocol version's surface accepts it unchanged, so
+    the model alone reads it as the SDK would."""
     if not PLAIN_RESULT.issuperset(raw) or not isinstance(raw.get("isError", False), bool):
+        return False
+    if "structuredContent" in raw and type(raw["structuredContent"]) is not dict:
         return False
     content = raw.get("content")
     return isinstance(content, list) and all(
@@ -246,11 +249,14 @@ def wire_result(version: str, result: types.CallToolResult) -> dict[str, Any]:
     """A `tools/call` result as the SDK's server puts it on the wire for a handshake-era host. Plain
     text blocks are written directly: the same dict as the SDK's dump and check, at a tenth of the cost
     (tests/unit/test_lean.py compares them for every version)."""
-    plain = result.meta is None and result.structured_content is None and result.result_type == "complete"
+    plain = result.meta is None and result.result_type == "complete"
     if plain and not result.__pydantic_extra__:
         blocks = result.content
         if all(type(b) is types.TextContent and b.annotations is None and b.meta is None for b in blocks):
-            return {"content": [{"text": b.text, "type": "text"} for b in blocks], "isError": result.is_error}
+            out = {"content": [{"text": b.text, "type": "text"} for b in blocks], "isError": result.is_error}
+            if result.structured_content is not None:
+                out["structuredContent"] = result.structured_content
+            return out
     dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
     try:
         return surfaces.serialize_server_result("tools/call", version, dumped)

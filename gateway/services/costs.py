@@ -132,9 +132,13 @@ def _structured_cost(structured: Any, texts: list[str]) -> tuple[int, int, int |
                 return raw.size, raw.tokens, i
         return raw.size, raw.tokens, None
     data = pydantic_core.to_json(structured)
-    size, tokens = len(data), estimate_tokens(data.decode())
     extra_size, extra_tokens = _on_disk(structured)
-    return size + extra_size, tokens + extra_tokens, duplicated_text(structured, texts, data)
+    size, found = len(data) + extra_size, duplicated_text(structured, texts, data)
+    if found is not None and not extra_size and size <= utf8_size(texts[found]):
+        # the text block says the same in as many bytes or more (a server's indented copy of its compact
+        # structuredContent): it adds nothing, and its count is not needed (a small call's cost, saved)
+        return size, 0, found
+    return size, estimate_tokens(data.decode()) + extra_tokens, found
 
 
 def _on_disk(value: Any) -> tuple[int, int]:
