@@ -111,26 +111,45 @@ CALLS: list[tuple[str, Any, dict]] = [
 ]
 
 
-async def _answers(tmp_path: Path, lean: bool) -> tuple[list[dict], list[dict]]:
+ENVELOPE = {  # what a 2026-07-28 host sends with every request, instead of a handshake
+    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+    "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+    "io.modelcontextprotocol/clientCapabilities": {"elicitation": {"form": {}}},
+}
+
+
+async def _answers(tmp_path: Path, lean: bool, era: str = "2025") -> tuple[list[dict], list[dict]]:
     servers = {"p": probe("p", env=WIRE)}
     (tmp_path / str(lean)).mkdir()
-    async with raw_host(tmp_path / str(lean), servers, lean_path=lean, plugins=EVERY_PLUGIN) as host:
+    modern = era == "2026"
+    envelope = ENVELOPE if modern else {}
+
+    async def call(name: str, arguments: Any = None, **extra: Any) -> dict:
+        if modern:
+            extra["_meta"] = {**extra.get("_meta", {}), **envelope}
+        return await host.call(name, arguments, **extra)
+
+    settings = {"lean_path": lean, "plugins": EVERY_PLUGIN, "handshake": not modern}
+    async with raw_host(tmp_path / str(lean), servers, **settings) as host:
+        if modern:
+            await host.request("tools/list", {"_meta": envelope})
         answers = []
         for name, arguments, extra in CALLS:
-            answer = await host.call(name, arguments, **extra)
+            answer = await call(name, arguments, **extra)
             answers.append({k: v for k, v in answer.items() if k != "id"})
         # the monitor's ledger: both paths count the same
-        status = await host.call("context_status", {"session_id": "lean"})
+        status = await call("context_status", {"session_id": "lean"})
         ledger = {k: status["result"]["structuredContent"]["gateway"]["monitor"][k] for k in ("results", "level")}
-        ids = [await host.call("p__request_id", {}) for _ in range(2)]
+        ids = [await call("p__request_id", {}) for _ in range(2)]
         # above the 4 MB spool threshold: the reply is read from disk with its long strings left there
-        big = await host.call("p__big", {"size": 6_000_000, "kind": "structured"})
+        big = await call("p__big", {"size": 6_000_000, "kind": "structured"})
     return answers, [ids[0]["result"], ids[1]["result"], big["result"], ledger]
 
 
-async def test_lean_path_answers_exactly_as_the_sdk_path(tmp_path: Path) -> None:
-    lean, lean_extra = await _answers(tmp_path, True)
-    sdk, sdk_extra = await _answers(tmp_path, False)
+@pytest.mark.parametrize("era", ["2025", "2026"])
+async def test_lean_path_answers_exactly_as_the_sdk_path(tmp_path: Path, era: str) -> None:
+    lean, lean_extra = await _answers(tmp_path, True, era)
+    sdk, sdk_extra = await _answers(tmp_path, False, era)
     for (name, _, _), a, b in zip(CALLS, lean, sdk, strict=True):
         assert a == b, name
     kinds = lean[0]["result"]
@@ -219,19 +238,18 @@ async def test_a_host_asking_for_progress_goes_through_the_sdk_and_gets_it(tmp_p
     assert [m["params"]["progress"] for m in progress if m["params"]["progressToken"] == "tok2"] == [1, 2, 3]
 
 
-async def test_a_2026_host_on_stdio_is_answered_by_the_sdk_path(tmp_path: Path) -> None:
-    envelope = {
-        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
-        "io.modelcontextprotocol/clientCapabilities": {},
-    }
+async def test_a_2026_host_on_stdio_takes_the_lean_path_unless_it_sets_a_log_level(tmp_path: Path) -> None:
     async with raw_host(tmp_path, {"p": probe("p", env=WIRE)}, handshake=False) as host:
-        listed = await host.request("tools/list", {"_meta": envelope})
-        called = [await host.call("p__request_id", {}, _meta=envelope) for _ in range(2)]
+        listed = await host.request("tools/list", {"_meta": ENVELOPE})
+        called = [await host.call("p__request_id", {}, _meta=ENVELOPE) for _ in range(2)]
+        logged = await host.call("p__request_id", {}, _meta=ENVELOPE | {"io.modelcontextprotocol/logLevel": "info"})
     assert listed["result"]["resultType"] == "complete"
-    for answer in called:  # the era's envelope on the reply, and the upstream saw the SDK's ids
+    for answer in called:  # the era's envelope on the reply; the upstream saw the gateway's own ids
         assert answer["result"]["resultType"] == "complete"
-        assert answer["result"]["content"][0]["text"].startswith("int:")
+        assert answer["result"]["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "mcp-context-gateway"
+        assert answer["result"]["content"][0]["text"].startswith("str:gw-")
+    # a log level of its own: the SDK's path, which scopes the upstream's log messages to the request
+    assert logged["result"]["content"][0]["text"].startswith("int:")
 
 
 @pytest.mark.parametrize("lean", [True, False])
@@ -268,3 +286,22 @@ async def test_an_upstreams_progress_keeps_a_lean_call_alive_past_its_timeout(tm
     assert not [m for m in host.seen if m.get("method") == "notifications/progress"]  # none was asked for
     assert slow["result"]["isError"] and "within 1 s" in slow["result"]["content"][0]["text"]
     assert ids["result"]["content"][0]["text"].startswith("str:gw-")  # the lean path it was
+
+
+@pytest.mark.parametrize("lean", [True, False])
+async def test_a_2026_hosts_call_that_asks_answers_input_required_on_both_paths(tmp_path: Path, lean: bool) -> None:
+    """An upstream's question during a 2026-era host's call becomes the call's `input_required` answer; the
+    retry with the answer resumes the waiting upstream. The lean path takes the first call (the upstream
+    sees the gateway's own ids), the retry (it carries answers) goes through the SDK."""
+    async with raw_host(tmp_path, {"p": probe("p", env=WIRE)}, handshake=False, lean_path=lean) as host:
+        await host.request("tools/list", {"_meta": ENVELOPE})
+        asked = await host.call("p__ask", {}, _meta=ENVELOPE)
+        result = asked["result"]
+        assert result["resultType"] == "input_required", result
+        ((key, question),) = result["inputRequests"].items()
+        assert question["method"] == "elicitation/create" and question["params"]["message"] == "What is your name?"
+        answer = {key: {"action": "accept", "content": {"name": "Ada"}}}
+        done = await host.call("p__ask", {}, _meta=ENVELOPE, inputResponses=answer, requestState=result["requestState"])
+        ids = await host.call("p__request_id", {}, _meta=ENVELOPE)
+    assert done["result"]["content"][0]["text"] == "accept:Ada" and done["result"]["resultType"] == "complete"
+    assert ids["result"]["content"][0]["text"].startswith("str:gw-" if lean else "int:")

@@ -10,9 +10,11 @@ after the same plugin pipeline, so the host receives what the SDK's path would s
 runs in the loop's read callbacks from end to end (`Clock` is its timeout); what must wait goes on in
 a task through `Gateway.call`.
 
-Only what is plain takes this path; everything else goes through the SDK unchanged: a host of the
-2026 era, a request asking for progress, params with fields beyond `name`/`arguments`/`_meta`, a
-host connection not yet initialized, the HTTP front, HTTP upstreams. Cancellation is kept both ways:
+Only what is plain takes this path; everything else goes through the SDK unchanged: a request asking
+for progress or (2026 era) a log level of its own, params with fields beyond `name`/`arguments`/`_meta`
+(a 2026 host's retry with its answers), a host connection that has not spoken yet, the HTTP front,
+HTTP upstreams. A 2026-era host's call runs in a task (`run_modern`): an upstream's question
+becomes its `input_required` answer, as on the SDK's path. Cancellation is kept both ways:
 the host's `notifications/cancelled` stops the call (no answer is sent, as the SDK does) and the
 upstream hears a cancel for its request, as it does for a timeout.
 """
@@ -31,6 +33,7 @@ import anyio
 import mcp_types as types
 from mcp import MCPError
 from mcp_types import methods as surfaces
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 import gateway.compat as compat
@@ -245,10 +248,12 @@ def parse_result(version: str, raw: dict[str, Any]) -> types.CallToolResult:
     return types.CallToolResult.model_validate(raw, by_name=False)
 
 
-def wire_result(version: str, result: types.CallToolResult) -> dict[str, Any]:
-    """A `tools/call` result as the SDK's server puts it on the wire for a handshake-era host. Plain
-    text blocks are written directly: the same dict as the SDK's dump and check, at a tenth of the cost
-    (tests/unit/test_lean.py compares them for every version)."""
+def wire_result(version: str, result: types.CallToolResult | types.InputRequiredResult) -> dict[str, Any]:
+    """A `tools/call` result as the SDK's server puts it on the wire for the host's protocol version. For a
+    handshake-era host, plain text blocks are written directly: the same dict as the SDK's dump and check,
+    at a tenth of the cost (tests/unit/test_lean.py compares them for every version)."""
+    if isinstance(result, types.InputRequiredResult) or version in MODERN_PROTOCOL_VERSIONS:
+        return _serialized(version, result)
     plain = result.meta is None and result.result_type == "complete"
     if plain and not result.__pydantic_extra__:
         blocks = result.content
@@ -257,6 +262,10 @@ def wire_result(version: str, result: types.CallToolResult) -> dict[str, Any]:
             if result.structured_content is not None:
                 out["structuredContent"] = result.structured_content
             return out
+    return _serialized(version, result)
+
+
+def _serialized(version: str, result: types.CallToolResult | types.InputRequiredResult) -> dict[str, Any]:
     dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
     try:
         return surfaces.serialize_server_result("tools/call", version, dumped)
@@ -267,6 +276,8 @@ def wire_result(version: str, result: types.CallToolResult) -> dict[str, Any]:
 
 PLAIN_PARAMS = frozenset(("name", "arguments", "_meta"))
 Run = Callable[[ToolCall], Awaitable[types.CallToolResult]]
+Modern = Callable[[ToolCall], Awaitable[types.CallToolResult | types.InputRequiredResult]]
+Stamp = Callable[[], dict[str, Any]] | None  # the gateway's `serverInfo`, as 2026-era results carry it
 Done = Callable[[types.CallToolResult], None]
 Start = Callable[[ToolCall, Done], Callable[[], None] | None]
 Record = Callable[[ToolCall, types.CallToolResult, types.CallToolResult], None]  # the usage figures of a call
@@ -285,6 +296,8 @@ def _plain_call(raw: dict[str, Any]) -> dict[str, Any] | None:
         return None
     if meta is not None and (not isinstance(meta, dict) or "progressToken" in meta):
         return None  # a host that asked for progress: the SDK's path relays it
+    if meta is not None and types.LOG_LEVEL_META_KEY in meta:
+        return None  # a 2026 host's log level for this request: the SDK's path scopes the logs to it
     return params
 
 
@@ -304,9 +317,13 @@ class LeanFront:
     is behind) goes on in a task, where `run` is the gateway's whole call.
     """
 
-    def __init__(self, host: Callable[[], Any], run: Run, start: Start, finish: Finish, record: Record):
+    def __init__(
+        self, host: Callable[[], Any], run: Run, start: Start, finish: Finish, record: Record, run_modern: Modern
+    ):
         self.host = host
         self.run = run
+        self.run_modern = run_modern
+        self.server_info: Stamp = None  # set once the SDK's server exists
         self.start = start
         self.finish = finish
         self.record = record
@@ -340,9 +357,14 @@ class LeanFront:
                 if params is None:  # not plain (or no request at all: no id): the SDK answers it
                     return False
                 session, rid = self.host(), raw["id"]
-                if session is None or is_modern(session) or rid in self._flights:
+                if session is None or rid in self._flights:
                     return False
-                self._begin(rid, self._call(params, session), session, send, write)
+                call = self._call(params, session)
+                if is_modern(session):  # an upstream's question becomes the answer: the exchange's way, in a task
+                    work = self._reply(rid, call.name, session, send, self.run_modern(call))
+                    self._flights[rid] = _spawn(self._tasks, work).cancel
+                    return True
+                self._begin(rid, call, session, send, write)
                 return True
             if method == "notifications/cancelled" and self._flights:
                 params = raw.get("params")
@@ -415,11 +437,16 @@ class LeanFront:
         await self._reply(rid, call.name, session, send, self.run(call))
 
     async def _reply(
-        self, rid: str | int, name: str, session: Any, send: Send, work: Awaitable[types.CallToolResult]
+        self,
+        rid: str | int,
+        name: str,
+        session: Any,
+        send: Send,
+        work: Awaitable[types.CallToolResult | types.InputRequiredResult],
     ) -> None:
         try:
             try:
-                message = _message(rid, session, await work)
+                message = _message(rid, session, await work, self.server_info)
             except MCPError as exc:
                 message = _error(rid, exc)
             except Exception as exc:
@@ -431,12 +458,21 @@ class LeanFront:
         await _deliver(send, line(message), f"the answer to {rid!r}")
 
 
-def _message(rid: str | int, session: Any, result: types.CallToolResult) -> dict[str, Any]:
-    """The host's answer: the result as the SDK's server writes it, or the error it would send."""
+def _message(
+    rid: str | int, session: Any, result: types.CallToolResult | types.InputRequiredResult, stamp: Stamp = None
+) -> dict[str, Any]:
+    """The host's answer: the result as the SDK's server writes it, or the error it would send. A 2026-era
+    result carries the server's `serverInfo` in `_meta` (`stamp`), unless it has one."""
+    version = session.protocol_version
     try:
-        return {"jsonrpc": "2.0", "id": rid, "result": wire_result(session.protocol_version, result)}
+        wire = wire_result(version, result)
     except MCPError as exc:
         return _error(rid, exc)
+    if stamp is not None and version in MODERN_PROTOCOL_VERSIONS:
+        meta = wire.get("_meta")
+        if meta is None or (isinstance(meta, dict) and meta.get(types.SERVER_INFO_META_KEY) is None):
+            wire["_meta"] = {**(meta or {}), types.SERVER_INFO_META_KEY: stamp()}
+    return {"jsonrpc": "2.0", "id": rid, "result": wire}
 
 
 def _error(rid: str | int, exc: MCPError) -> dict[str, Any]:

@@ -154,8 +154,14 @@ class Gateway:
         self.server = self._build_server()
         # plain tools/call from a stdio host, below the SDK's server (proxy/lean.py)
         self.lean = LeanFront(
-            lambda: self.hosts.get("stdio"), self._run_call, self._start_lean, self._finish_now, self._record_call
+            lambda: self.hosts.get("stdio"),
+            self._run_call,
+            self._start_lean,
+            self._finish_now,
+            self._record_call,
+            self._run_modern_call,
         )
+        self.lean.server_info = lambda: self.server.server_info_stamp
 
     def _new_upstream(self, name: str, cfg: ServerConfig) -> Upstream:
         return Upstream(
@@ -460,12 +466,17 @@ class Gateway:
             namespace=namespace_of(ctx),
         )
         if is_modern(ctx.session) and self._tg is not None:
-            # an upstream's question cannot be sent to a 2026 host: it becomes an `input_required` answer
-            exchange = self.exchanges.new(call.namespace)
-            exchange.call, call.exchange = call, exchange
-            self._tg.start_soon(self._run_exchange, exchange, call)
-            return await self._next(exchange, call)
+            return await self._run_modern_call(call)
         return await self._run_call(call)
+
+    async def _run_modern_call(self, call: ToolCall) -> Any:
+        """A call of a 2026-era host (the SDK's path and the lean one): an upstream's question cannot be sent
+        to it, so it becomes an `input_required` answer; the upstream call runs on in the background."""
+        assert self._tg is not None
+        exchange = self.exchanges.new(call.namespace)
+        exchange.call, call.exchange = call, exchange
+        self._tg.start_soon(self._run_exchange, exchange, call)
+        return await self._next(exchange, call)
 
     async def _run_call(self, call: ToolCall) -> types.CallToolResult:
         """A call of a handshake-era host, start to end (the SDK's path and the lean one)."""

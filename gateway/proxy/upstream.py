@@ -377,7 +377,7 @@ class Upstream:
         if lean:
             answer: asyncio.Future[types.CallToolResult] = asyncio.get_running_loop().create_future()
             cancel = self.start_lean(
-                tool, arguments, meta, lambda r: answer.done() or answer.set_result(r), host, timeout
+                tool, arguments, meta, lambda r: answer.done() or answer.set_result(r), host, timeout, exchange
             )
             if cancel is not None:
                 try:
@@ -401,6 +401,7 @@ class Upstream:
         done: Callable[[types.CallToolResult], Any],
         host: tuple[Any, Any] = (None, None),
         timeout: float | None = None,
+        exchange: Any = None,
     ) -> Callable[[], None] | None:
         """`call_tool` on the lean path without waiting (`proxy/lean.py`): the request is written now
         and `done` gets the result once, as `call_tool` would return it (from the read callback that
@@ -449,7 +450,7 @@ class Upstream:
         if meta:
             params["_meta"] = meta
         clock = Clock(timeout, expired)
-        flight = _InFlight(host[0], host[1], clock, timeout)
+        flight = _InFlight(host[0], host[1], clock, timeout, exchange)
         try:
             rid = self.raw.start("tools/call", params, settle, progressed)
         except BaseException:  # nothing was sent: no timer may later answer for it

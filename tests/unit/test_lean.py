@@ -37,7 +37,7 @@ def test_only_plain_calls_are_taken() -> None:
 def test_a_call_without_an_id_is_left_to_the_sdk() -> None:
     """A `tools/call` sent as a notification (no id) is not taken, and taking it does not raise (the
     host's reader would stop)."""
-    take = LeanFront(lambda: object(), None, None, None, None).intercept(None, None)  # type: ignore[arg-type]
+    take = LeanFront(lambda: object(), None, None, None, None, None).intercept(None, None)  # type: ignore[arg-type]
     assert take({"jsonrpc": "2.0", "method": "tools/call", "params": {"name": "a__b"}}) is False
     assert take({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": "x"}) is False
 
@@ -219,6 +219,18 @@ def test_plain_text_results_take_a_shortcut_to_the_same_bytes(version: str, raw:
     assert line({"result": wire_result(version, parse_result(version, raw))}) == expected
 
 
+@pytest.mark.parametrize("raw", SHAPES)
+def test_results_for_a_2026_host_are_written_as_the_sdk_writes_them(raw: dict[str, Any]) -> None:
+    """Upstreams speak the handshake era; a 2026-era host gets the result in its own (resultType added)."""
+    try:
+        result = _sdk_read("2025-11-25", raw)
+    except ValueError:
+        return
+    expected = line({"result": _sdk_write("2026-07-28", result)})
+    assert line({"result": wire_result("2026-07-28", result)}) == expected
+    assert wire_result("2026-07-28", result)["resultType"] == "complete"
+
+
 class _Host:
     protocol_version = "2025-11-25"
 
@@ -241,7 +253,7 @@ def _front(finish: Any, start_now: bool = True) -> tuple[LeanFront, dict[str, An
     def record(call: Any, result: types.CallToolResult, reply: types.CallToolResult) -> None:
         seen["recorded"].append(call.arguments["n"])
 
-    return LeanFront(lambda: _Host(), run, start, finish, record), seen
+    return LeanFront(lambda: _Host(), run, start, finish, record, run), seen
 
 
 def _request(rid: int) -> dict[str, Any]:
