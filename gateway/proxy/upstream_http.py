@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import anyio
 import anyio.to_thread
 import httpx2
 
@@ -22,6 +23,7 @@ from gateway.services import spill
 from gateway.services.spill import LineBuffer, Spiller
 
 log = logging.getLogger(__name__)
+DRAIN_SECONDS = 0.05  # how long a closed POST response is read to its end (a server that keeps it open)
 
 
 class SpoolingTransport(httpx2.AsyncBaseTransport):
@@ -42,7 +44,7 @@ class SpoolingTransport(httpx2.AsyncBaseTransport):
         if encoded or not (sse or kind.startswith("application/json")):
             return response
         response.headers.pop("content-length", None)
-        response.stream = _Rewritten(response.stream, self, sse)  # type: ignore[arg-type]
+        response.stream = _Rewritten(response.stream, self, sse, drain=request.method == "POST")  # type: ignore[arg-type]
         return response
 
     async def aclose(self) -> None:
@@ -50,11 +52,12 @@ class SpoolingTransport(httpx2.AsyncBaseTransport):
 
 
 class _Rewritten(httpx2.AsyncByteStream):
-    def __init__(self, inner: httpx2.AsyncByteStream, owner: SpoolingTransport, sse: bool):
+    def __init__(self, inner: httpx2.AsyncByteStream, owner: SpoolingTransport, sse: bool, drain: bool = False):
         self.inner = inner
         self.owner = owner
         self.spiller = owner.spiller
         self.sse = sse
+        self.drain = drain
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         if self.sse:
@@ -65,6 +68,13 @@ class _Rewritten(httpx2.AsyncByteStream):
                 yield out
 
     async def aclose(self) -> None:
+        """The SDK's client stops reading a POST's event stream at the response it waited for; the server
+        ends the stream right after it. Reading that end (briefly) lets the connection go back to the pool
+        instead of being closed: without it every call opened a new TCP connection to the upstream."""
+        if self.drain:
+            with anyio.move_on_after(DRAIN_SECONDS):
+                async for _ in self.inner:
+                    pass
         await self.inner.aclose()
 
     async def _json(self) -> AsyncIterator[bytes]:
