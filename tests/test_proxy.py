@@ -251,6 +251,34 @@ async def test_a_late_reply_over_http_to_a_cancelled_call_leaves_no_files(tmp_pa
         server.wait(10)
 
 
+async def test_calls_to_an_http_upstream_reuse_one_connection(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SDK's client stops reading a POST's event stream at its response; unless the gateway reads the
+    rest, each call closes its connection and the next one opens a new one (TCP set-up on every call)."""
+    import socket
+
+    port = free_port()
+    server = subprocess.Popen([PY, PROBE, "--name", "web", "--http", str(port)], stdin=subprocess.DEVNULL)
+    connects: list[Any] = []
+    real = socket.socket.connect
+
+    def counting(sock: socket.socket, address: Any) -> Any:
+        if address[1:2] == (port,):
+            connects.append(address)
+        return real(sock, address)
+
+    try:
+        settings = make_settings(tmp_path, {"web": {"url": f"http://127.0.0.1:{port}/mcp"}}, plugins=["offload"])
+        async with inproc(settings) as (gateway, session):
+            await eventually(lambda: gateway.upstreams["web"].state == "ok", 20, "the HTTP upstream is ready")
+            monkeypatch.setattr(socket.socket, "connect", counting)
+            for i in range(20):
+                assert text_of(await call(session, "web__echo", {"text": f"call {i}"})) == f"call {i}"
+    finally:
+        server.terminate()
+        server.wait(10)
+    assert len(connects) <= 2, f"{len(connects)} connections for 20 calls"
+
+
 async def test_resources_templates_and_prompts_are_namespaced(tmp_path: Path) -> None:
     settings = make_settings(tmp_path, {"a": probe("a"), "b": probe("b")})
     async with inproc(settings) as (_, session):
