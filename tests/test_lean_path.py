@@ -305,3 +305,19 @@ async def test_a_2026_hosts_call_that_asks_answers_input_required_on_both_paths(
         ids = await host.call("p__request_id", {}, _meta=ENVELOPE)
     assert done["result"]["content"][0]["text"] == "accept:Ada" and done["result"]["resultType"] == "complete"
     assert ids["result"]["content"][0]["text"].startswith("str:gw-" if lean else "int:")
+
+
+@pytest.mark.parametrize("lean", [True, False])
+async def test_a_2026_hosts_call_is_cancelled_at_the_upstream(tmp_path: Path, lean: bool) -> None:
+    marker = tmp_path / "cancel.txt"
+    servers = {"p": probe("p", env=WIRE | {"PROBE_CANCEL_MARKER": str(marker)})}
+    async with raw_host(tmp_path, servers, handshake=False, lean_path=lean) as host:
+        await host.request("tools/list", {"_meta": ENVELOPE})
+        params = {"name": "p__slow", "arguments": {"seconds": 60}, "_meta": ENVELOPE}
+        await host.send({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": params})
+        await eventually(lambda: marker.exists() and marker.read_text() == "started", 20, "the slow call to start")
+        await host.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 9}})
+        await eventually(lambda: marker.read_text() == "cancelled", 20, "the upstream to hear the cancel")
+        after = await host.call("p__request_id", {}, _meta=ENVELOPE)
+        assert host.answer_to(9) is None  # a cancelled request is never answered
+    assert after["result"]["content"][0]["text"].startswith("str:gw-" if lean else "int:")

@@ -383,7 +383,8 @@ class Upstream:
                 try:
                     return await answer
                 finally:
-                    if not answer.done():  # the caller gave up: the upstream hears a cancel
+                    # the caller gave up (its cancellation cancels the future it awaited): the upstream hears a cancel
+                    if not answer.done() or answer.cancelled():
                         cancel()
         scope = anyio.CancelScope(deadline=anyio.current_time() + timeout)
         flight = _InFlight(host[0], host[1], scope, timeout, exchange)
