@@ -6,6 +6,16 @@ file with response_outline / response_compress / response_slice / response_searc
 `json_*` and `textfile`).
 """
 
-from plugins.offload.plugin import OffloadPlugin
+from typing import Any
 
 __all__ = ["OffloadPlugin"]
+
+
+def __getattr__(name: str) -> Any:
+    # imported when asked for: the SQL worker process (`sql_worker`) imports the loaders of this package
+    # and nothing of the plugin (the MCP types and pydantic would add ~14 MB to every worker)
+    if name == "OffloadPlugin":
+        from plugins.offload.plugin import OffloadPlugin
+
+        return OffloadPlugin
+    raise AttributeError(name)
