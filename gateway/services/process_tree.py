@@ -57,17 +57,15 @@ def ancestors(pid: int | None = None) -> list[tuple[int, str]]:
     else:
         return []
     out: list[tuple[int, str]] = []
-    current = os.getpid() if pid is None else pid
+    found = parent_of(os.getpid() if pid is None else pid)
     for _ in range(MAX_DEPTH):
-        found = parent_of(current)
         if found is None or found[0] <= 0:
             break
         ppid = found[0]
-        parent = parent_of(ppid)
-        out.append((ppid, parent[1] if parent else ""))
+        found = parent_of(ppid)  # the parent's own line: its name now, its parent on the next step
+        out.append((ppid, found[1] if found else ""))
         if ppid == 1:
             break
-        current = ppid
     return out
 
 

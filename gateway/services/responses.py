@@ -106,13 +106,15 @@ class Saved:
     mime: str = ""
 
 
+def host_join(root: str, inner: Path) -> str:
+    """`inner` below a host's folder, with that host's separator."""
+    sep = "\\" if host_platform(root) == "win32" else "/"
+    return root.rstrip("/\\") + "".join(sep + part for part in inner.parts)
+
+
 def seen_on_host(host: str, workspace: Path, folder: Path) -> str:
     """A workspace folder as the host sees it (`workspace_on_host`: a container's bind mount), or ""."""
-    if not host:
-        return ""
-    inner = folder.relative_to(workspace)
-    sep = "\\" if host_platform(host) == "win32" else "/"
-    return host.rstrip("/\\") + "".join(sep + part for part in inner.parts)
+    return host_join(host, folder.relative_to(workspace)) if host else ""
 
 
 class ResponseStore:
@@ -122,14 +124,9 @@ class ResponseStore:
 
     def open_command(self, path: Path) -> str:
         """How the user opens a saved file: on the host's side of a container's bind mount when known."""
-        if not self.seen_as:
+        if not self.seen_as or not path.is_relative_to(self.folder):
             return open_command(path)
-        try:
-            inner = path.relative_to(self.folder)
-        except ValueError:
-            return open_command(path)
-        sep = "\\" if host_platform(self.seen_as) == "win32" else "/"
-        return open_command(self.seen_as + "".join(sep + part for part in inner.parts), host_platform(self.seen_as))
+        return open_command(host_join(self.seen_as, path.relative_to(self.folder)), host_platform(self.seen_as))
 
     def ensure(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
