@@ -161,3 +161,12 @@ def awaits_response(session: Any, request_id: Any) -> bool:
         return coerce_request_id(request_id) in session._dispatcher._pending
     except Exception:
         return True
+
+
+def late_response(awaits: Callable[[Any], bool] | None, message: Any) -> bool:
+    """Whether `message` is a response the SDK's client session no longer waits for (its call was
+    cancelled): the SDK drops it, so whatever it left on disk is the gateway's to release. `awaits` is
+    `awaits_response` bound to the session, None before the session runs."""
+    if awaits is None or not isinstance(message, dict) or "method" in message:
+        return False
+    return not awaits(message.get("id"))

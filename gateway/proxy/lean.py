@@ -129,9 +129,6 @@ class RawRequests:
             except Exception:  # one caller's failure leaves no other waiting
                 log.exception("a lean request could not be failed")
 
-    def _late_for_sdk(self, rid: Any) -> bool:
-        return self.sdk_awaits is not None and not self.sdk_awaits(rid)
-
     def worth(self, line: bytes) -> bool:
         """Whether a line from the upstream may be for this path (`stdio_lines.line_tap`)."""
         return bool(self._pending)
@@ -147,7 +144,7 @@ class RawRequests:
             else:  # a late reply to a cancelled request: dropped, and the files it left on disk with it
                 spill.discard(raw)
             return True
-        if spill.pending() and "method" not in raw and self._late_for_sdk(rid):
+        if spill.pending() and compat.late_response(self.sdk_awaits, raw):
             spill.discard(raw)  # the SDK would drop it (its call was cancelled) and never release its files
             return True
         if not self._pending:

@@ -19,6 +19,7 @@ import anyio
 import anyio.to_thread
 import httpx2
 
+import gateway.compat as compat
 from gateway.services import spill
 from gateway.services.spill import LineBuffer, Spiller
 
@@ -137,7 +138,7 @@ async def _read(owner: SpoolingTransport, spool: BinaryIO, skip: int | None = 0)
         if skip is None:
             return path.read_bytes()
         value = await anyio.to_thread.run_sync(owner.spiller.read, path, skip)
-        if _late(owner, value):
+        if compat.late_response(owner.awaits, value):
             spill.discard(value)  # the SDK drops it (its call was cancelled): nobody would release its files
         return json.dumps(value, separators=(",", ":")).encode()  # ASCII: a lone surrogate stays an escape
     except ValueError as exc:
@@ -145,10 +146,3 @@ async def _read(owner: SpoolingTransport, spool: BinaryIO, skip: int | None = 0)
         return path.read_bytes()[skip or 0 :]
     finally:
         path.unlink(missing_ok=True)
-
-
-def _late(owner: SpoolingTransport, value: Any) -> bool:
-    """Whether a message is a response the SDK's session no longer waits for."""
-    if owner.awaits is None or not isinstance(value, dict) or "method" in value:
-        return False
-    return not owner.awaits(value.get("id"))
