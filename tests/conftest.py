@@ -219,6 +219,15 @@ def http_gateway(
         yield f"http://{host}:{port}/mcp"
 
 
+async def gateway_process(config: Path, errlog: Path) -> Any:
+    """`python -m gateway --config CONFIG` as a host starts it (anyio process on stdio pipes), its stderr
+    appended to `errlog`."""
+    import anyio
+
+    with open(errlog, "ab") as fh:  # the child holds its own copy of the descriptor
+        return await anyio.open_process([PY, "-m", "gateway", "--config", str(config)], env=gateway_env(), stderr=fh)
+
+
 def gateway_pid(config: Path) -> int:
     """The process of a gateway started with this config file (Linux: read from /proc)."""
     for proc in Path("/proc").iterdir():

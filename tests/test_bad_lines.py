@@ -9,7 +9,7 @@ from typing import Any
 
 import anyio
 import pytest
-from conftest import PY, RAW_HELLO, gateway_env, probe, write_config
+from conftest import PY, RAW_HELLO, gateway_process, probe, write_config
 
 pytestmark = pytest.mark.anyio
 RAW = str(Path(__file__).parent / "servers" / "raw_server.py")
@@ -43,20 +43,19 @@ class RawHost:
 async def _host(tmp_path: Path, lean: bool, timeout: float = 60, plugins: list[str] | None = None) -> Any:
     servers = {"p": probe("p"), "raw": {"command": PY, "args": [RAW, "--deep"], "timeout_seconds": timeout}}
     cfg = write_config(tmp_path, servers, lean_path=lean, plugins=plugins or [])
-    errlog = open(tmp_path / "gw.err", "wb")  # noqa: SIM115 - closed with the process below
-    process = await anyio.open_process([PY, "-m", "gateway", "--config", str(cfg)], env=gateway_env(), stderr=errlog)
+    process = await gateway_process(cfg, tmp_path / "gw.err")
     host = RawHost(process)
     await host.send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": RAW_HELLO})
     await host.reply(1)
     await host.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
     await host.send({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
     await host.reply(2)
-    return process, host, errlog
+    return process, host
 
 
 @pytest.mark.parametrize("lean", [True, False])
 async def test_deep_nesting_and_odd_ids_never_end_the_process(tmp_path: Path, lean: bool) -> None:
-    process, host, errlog = await _host(tmp_path, lean)
+    process, host = await _host(tmp_path, lean)
     async with process:
         try:
             # arguments nested 1,000 and 5,000 levels deep: an error for that id, not the end of the process
@@ -85,7 +84,6 @@ async def test_deep_nesting_and_odd_ids_never_end_the_process(tmp_path: Path, le
             assert process.returncode is None
         finally:
             process.terminate()
-            errlog.close()
     assert "Traceback" not in (tmp_path / "gw.err").read_text()
 
 
@@ -93,7 +91,7 @@ async def test_deep_nesting_and_odd_ids_never_end_the_process(tmp_path: Path, le
 async def test_non_finite_numbers_reach_the_upstream_as_null_on_both_paths(tmp_path: Path, lean: bool) -> None:
     """Python hosts write NaN from json.dumps: both paths send null (the lean path used to send NaN on,
     and an upstream that drops lines it cannot parse never answered)."""
-    process, host, errlog = await _host(tmp_path, lean)
+    process, host = await _host(tmp_path, lean)
     async with process:
         try:
             await host.send(
@@ -103,14 +101,13 @@ async def test_non_finite_numbers_reach_the_upstream_as_null_on_both_paths(tmp_p
             assert answer["result"]["content"][0]["text"] == "legacy_echo:None"
         finally:
             process.terminate()
-            errlog.close()
 
 
 @pytest.mark.parametrize("lean", [True, False])
 async def test_invalid_utf8_is_read_the_same_on_both_paths(tmp_path: Path, lean: bool) -> None:
     """ED A0 80 (an encoded surrogate, not UTF-8) is three U+FFFD on both paths: forwarded alike, never
     a lone surrogate that one path refuses and the other sends."""
-    process, host, errlog = await _host(tmp_path, lean)
+    process, host = await _host(tmp_path, lean)
     async with process:
         try:
             line = b'{"jsonrpc": "2.0", "id": 50, "method": "tools/call", "params": {"name": "raw__legacy_echo", "arguments": {"text": "a\xed\xa0\x80b"}}}'
@@ -119,14 +116,13 @@ async def test_invalid_utf8_is_read_the_same_on_both_paths(tmp_path: Path, lean:
             assert answer["result"]["content"][0]["text"] == "legacy_echo:a\ufffd\ufffd\ufffdb", answer
         finally:
             process.terminate()
-            errlog.close()
 
 
 async def test_a_call_that_cannot_be_written_leaves_no_timer_behind(tmp_path: Path) -> None:
     """Arguments deep enough to parse but too deep to encode again (the write raises): the call is
     answered at once, and no timer of it is left to answer the same id later, when the host has reused
     it for another call."""
-    process, host, errlog = await _host(tmp_path, True, timeout=1)
+    process, host = await _host(tmp_path, True, timeout=1)
     async with process:
         try:
             deep = "[" * 973 + "]" * 973
@@ -140,14 +136,13 @@ async def test_a_call_that_cannot_be_written_leaves_no_timer_behind(tmp_path: Pa
             assert again["result"]["content"][0]["text"] == "slept", again
         finally:
             process.terminate()
-            errlog.close()
     assert "Traceback" not in (tmp_path / "gw.err").read_text()
 
 
 async def test_a_cancelled_calls_late_huge_reply_leaves_no_files(tmp_path: Path) -> None:
     """A 6 MB reply (spilled to disk as it arrives) to a call the host cancelled, on the SDK's path: the
     SDK drops it, and its files go with it instead of waiting for the 15-minute sweep."""
-    process, host, errlog = await _host(tmp_path, False, plugins=["offload"])  # offload reads spilled texts
+    process, host = await _host(tmp_path, False, plugins=["offload"])  # offload reads spilled texts
     spill_dir = tmp_path / "ws" / "spill"
     async with process:
         try:
@@ -165,4 +160,3 @@ async def test_a_cancelled_calls_late_huge_reply_leaves_no_files(tmp_path: Path)
                     await anyio.sleep(0.05)
         finally:
             process.terminate()
-            errlog.close()

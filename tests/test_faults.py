@@ -8,7 +8,16 @@ from pathlib import Path
 
 import anyio
 import pytest
-from conftest import PY, call, gateway_env, inproc, make_settings, probe, run_cli, text_of, write_config
+from conftest import (
+    call,
+    gateway_process,
+    inproc,
+    make_settings,
+    probe,
+    run_cli,
+    text_of,
+    write_config,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -33,10 +42,7 @@ async def test_a_lone_surrogate_fails_only_its_own_call(tmp_path: Path) -> None:
 
 async def test_invalid_host_requests_on_stdio_are_answered(tmp_path: Path) -> None:
     cfg = write_config(tmp_path, {})
-    with open(tmp_path / "gw.err", "wb") as errlog:
-        process = await anyio.open_process(
-            [PY, "-m", "gateway", "--config", str(cfg)], env=gateway_env(), stderr=errlog
-        )
+    process = await gateway_process(cfg, tmp_path / "gw.err")
     async with process:
         assert process.stdin is not None and process.stdout is not None
         buffer = b""

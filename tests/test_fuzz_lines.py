@@ -12,7 +12,7 @@ from typing import Any
 
 import anyio
 import pytest
-from conftest import PY, RAW_HELLO, gateway_env, probe, write_config
+from conftest import PY, RAW_HELLO, gateway_process, probe, write_config
 
 pytestmark = pytest.mark.anyio
 RAW = str(Path(__file__).parent / "servers" / "raw_server.py")
@@ -103,10 +103,7 @@ async def _run(tmp_path: Path, lean: bool, lines: list[bytes], answered: list[in
     servers = {"p": probe("p"), "raw": {"command": PY, "args": [RAW, "--deep"]}}
     cfg = write_config(folder, servers, lean_path=lean)
     replies: dict[int, bytes] = {}
-    with open(folder / "gw.err", "wb") as errlog:
-        process = await anyio.open_process(
-            [PY, "-m", "gateway", "--config", str(cfg)], env=gateway_env(), stderr=errlog
-        )
+    process = await gateway_process(cfg, folder / "gw.err")
     async with process:
         assert process.stdin is not None and process.stdout is not None
         buffer = b""

@@ -15,7 +15,7 @@ from typing import Any
 
 import anyio
 import pytest
-from conftest import PY, eventually, gateway_env, probe, write_config
+from conftest import PY, eventually, gateway_process, probe, write_config
 
 pytestmark = pytest.mark.anyio
 
@@ -80,10 +80,7 @@ async def raw_host(
 ) -> AsyncIterator[RawHost]:
     """A gateway process and a raw host on its stdio; `handshake=False`: a 2026-era host (no initialize)."""
     cfg = write_config(tmp_path, servers, **gateway)
-    with open(tmp_path / "gw.err", "ab") as errlog:
-        process = await anyio.open_process(
-            [PY, "-m", "gateway", "--config", str(cfg)], env=gateway_env(), stderr=errlog
-        )
+    process = await gateway_process(cfg, tmp_path / "gw.err")
     async with process, anyio.create_task_group() as tg:
         host = RawHost(process, answers or {})
         tg.start_soon(host.read)
