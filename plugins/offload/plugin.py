@@ -20,6 +20,7 @@ from gateway.args import Args, ToolInputError
 from gateway.handlers import guarded, integer, tool
 from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall
 from gateway.results import error_result
+from gateway.services import heap
 from gateway.services.responses import StoreError
 from gateway.services.text import human_size
 from plugins.offload.explore import MODES, Explorer
@@ -163,6 +164,7 @@ class OffloadPlugin(Plugin):
                 f"{human_size(free_space(responses.folder))} free in {responses.folder}). Run "
                 "`mcp-context-gateway clean` or free disk space, then call the tool again."
             )
+        await anyio.to_thread.run_sync(heap.give_back)  # the result's text is freed: its pages go back now
         if replaced is None:
             return result
         self.offloaded[call.session_id] += 1

@@ -38,6 +38,27 @@ def _send(out: Any, message: dict[str, Any]) -> None:
     out.flush()
 
 
+class _Growing:
+    """A conversion's connection that starts with a small memory limit and raises it once, to `ceiling`,
+    for a statement that needs more (and runs that statement again: a failed one left nothing behind).
+    Most results convert within the small limit; a worker's peak stays near DuckDB's own size."""
+
+    def __init__(self, conn: Any, ceiling: str):
+        self.conn, self.ceiling, self.grown = conn, ceiling, False
+
+    def execute(self, *args: Any) -> Any:
+        import duckdb
+
+        try:
+            return self.conn.execute(*args)
+        except duckdb.OutOfMemoryException:
+            if self.grown:
+                raise
+            self.grown = True
+            self.conn.execute(f"SET memory_limit = '{self.ceiling}'")
+            return self.conn.execute(*args)
+
+
 def _convert(request: dict[str, Any], out: Any) -> None:
     import threading
 
@@ -46,7 +67,8 @@ def _convert(request: dict[str, Any], out: Any) -> None:
     from plugins.offload.loaders import load
     from plugins.offload.tables import profile
 
-    conn = duckdb.connect(request["target"], config={"threads": 1, "memory_limit": request["memory"]})
+    raw = duckdb.connect(request["target"], config={"threads": 1, "memory_limit": request["memory"]})
+    conn = _Growing(raw, request["memory_ceiling"])
     try:
         tables = load(
             conn,
@@ -59,7 +81,7 @@ def _convert(request: dict[str, Any], out: Any) -> None:
         profiled = [asdict(profile(conn, t)) for t in tables]
         conn.execute("CHECKPOINT")
     finally:
-        conn.close()
+        raw.close()
     _send(out, {"tables": profiled})  # after the close: the file is whole when the parent moves it
 
 

@@ -51,3 +51,16 @@ def test_a_conversions_temp_files_survive_another_gateways_start(tmp_path: Path)
     dead.write_bytes(b"left by a gateway that died")
     ResponseStore(tmp_path).remove_stale_temp_files()
     assert live.exists() and not dead.exists()
+
+
+def test_a_conversion_needing_more_than_the_small_limit_still_gets_its_tables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A conversion starts with a small memory limit (its worker stays small) and raises it once for a
+    statement that needs more: long records still become a table."""
+    monkeypatch.setattr(query, "BUILD_MEMORY_LIMIT", "8MB")
+    store = ResponseStore(tmp_path)
+    rows = [{"id": i, "body": "가나다 " * 30_000 if i % 50 == 0 else "short"} for i in range(400)]
+    saved = store.save_text("t", json.dumps(rows), "json")
+    answer = _ask((Explorer(store), saved.id), "SELECT count(*), max(length(body)) FROM items")
+    assert answer.get("rows") == [[400, len("가나다 " * 30_000)]], answer
