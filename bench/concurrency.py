@@ -4,8 +4,10 @@
 
 The upstream is the test suite's probe server over Streamable HTTP on 127.0.0.1. Each client opens its
 own MCP session and makes `--calls` small `echo` calls one after another; all clients run at once.
-The same run is made straight to the upstream and through the gateway (HTTP front, all plugins on).
-Printed: calls per second, p50 / p99 latency, and calls lost or failed (the target is none).
+The same run is made straight to the upstream, through the gateway (HTTP front, all plugins on), and
+through `http_relay.py` (uvicorn and httpx, the gateway's own HTTP libraries, relaying bytes without
+parsing them: the floor of a proxy built on them). Printed: calls per second, p50 / p99 latency, and
+calls lost or failed (the target is none). The load generator shares the two cores with the servers.
 """
 
 from __future__ import annotations
@@ -64,9 +66,10 @@ async def run(url: str, clients: int, calls: int) -> tuple[float, list[float], l
 
 def main(clients: int, calls: int) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="ctx-bench-concurrency-"))
-    upstream_port, gateway_port = free_port(), free_port()
+    upstream_port, gateway_port, relay_port = free_port(), free_port(), free_port()
     upstream_url = f"http://127.0.0.1:{upstream_port}/mcp"
     gateway_url = f"http://127.0.0.1:{gateway_port}/mcp"
+    relay_url = f"http://127.0.0.1:{relay_port}/mcp"
     config = tmp / "gw.toml"
     config.write_text(
         f"[gateway]\nworkspace = {json.dumps(str(tmp / 'ws'))}\n\n[servers.probe]\nurl = {json.dumps(upstream_url)}\n"
@@ -81,8 +84,16 @@ def main(clients: int, calls: int) -> None:
             subprocess.Popen([*gw, "--port", str(gateway_port)], stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         )
         wait_listening(gateway_url, procs[1])
+        relay = [sys.executable, str(Path(__file__).resolve().parent / "http_relay.py"), str(relay_port), upstream_url]
+        procs.append(subprocess.Popen(relay, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        wait_listening(relay_url, procs[2])
         rows = [["path", "calls", "wall", "calls/s", "p50", "p99", "lost or failed"]]
-        for label, url in (("direct", upstream_url), ("gateway (all plugins)", gateway_url)):
+        paths = (
+            ("direct", upstream_url),
+            ("gateway (all plugins)", gateway_url),
+            ("HTTP relay (uvicorn + httpx, nothing parsed)", relay_url),
+        )
+        for label, url in paths:
             wall, latencies, failures = anyio.run(run, url, clients, calls)
             lost = clients * calls - len(latencies) + len(failures)
             rows.append(

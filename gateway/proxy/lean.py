@@ -236,8 +236,12 @@ def parse_result(version: str, raw: dict[str, Any]) -> types.CallToolResult:
     """An upstream's `tools/call` result as `ClientSession.send_request` reads it: checked against the
     negotiated version's surface, a later revision's fields dropped, then the model. Raises
     ValidationError like the SDK."""
-    if _plain_text_result(raw):
-        return types.CallToolResult.model_validate(raw, by_name=False)
+    if _plain_text_result(raw):  # already checked field by field: built without a second validation
+        return types.CallToolResult.model_construct(
+            content=[types.TextContent.model_construct(type="text", text=b["text"]) for b in raw["content"]],
+            is_error=raw.get("isError", False),
+            structured_content=raw.get("structuredContent"),
+        )
     with contextlib.suppress(KeyError):
         surfaces.validate_server_result("tools/call", version, raw)
     if not (foreign := compat.later_revision_fields("tools/call", version)).isdisjoint(raw):

@@ -216,6 +216,7 @@ def test_plain_text_results_take_a_shortcut_to_the_same_bytes(version: str, raw:
         with pytest.raises(type(exc)):
             parse_result(version, raw)
         return
+    assert parse_result(version, raw) == _sdk_read(version, raw)  # the same model, as plugins see it
     assert line({"result": wire_result(version, parse_result(version, raw))}) == expected
 
 
