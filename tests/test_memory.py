@@ -314,20 +314,26 @@ async def test_index_is_rebuilt_from_the_logs(tmp_path: Path) -> None:
         assert "kubernetes_ingress.yaml" in top["text"]
 
 
-def test_two_processes_append_to_one_session(tmp_path: Path) -> None:
+def test_two_processes_append_to_one_session(tmp_path: Path, storage: Any) -> None:
+    """Two gateways on one workspace, or two replicas on one PostgreSQL: every note kept, no id twice."""
     script = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(ROOT)!r})
         from pathlib import Path
+        from gateway.services.storage import Storage
+        from gateway.settings import StorageSettings
         from plugins.memory.sessions import Session
-        s = Session("shared", Path(sys.argv[1]))
+        backend, dsn, folder, name = sys.argv[1:]
+        storage = Storage(StorageSettings(backend=backend, dsn=dsn))
+        s = Session("shared", storage.logs(Path(folder), "memory", "").log("shared"))
         for i in range(60):
-            s.append_entry(f"{{sys.argv[2]}} {{i}}", False)
+            s.append_entry(f"{{name}} {{i}}", False)
     """)
     folder = tmp_path / "sessions"
-    procs = [subprocess.Popen([PY, "-c", script, str(folder), name]) for name in ("alpha", "beta")]
+    argv = [storage.backend, storage.dsn, str(folder)]
+    procs = [subprocess.Popen([PY, "-c", script, *argv, name]) for name in ("alpha", "beta")]
     assert all(p.wait(60) == 0 for p in procs)
-    records = [json.loads(line) for line in (folder / "shared.jsonl").read_text().splitlines()]
+    records, _ = storage.logs(folder, "memory", "").log("shared").read()
     assert len(records) == 120 and len({r["id"] for r in records}) == 120
     assert sorted(r["text"] for r in records if r["text"].startswith("alpha")) == sorted(
         f"alpha {i}" for i in range(60)

@@ -19,15 +19,17 @@ from gateway.settings import (
     GatewaySettings,
     LLMSettings,
     Settings,
+    StorageSettings,
     load_settings,
 )
 
 log = logging.getLogger("gateway")
+SECTIONS: dict[str, Any] = {"gateway": GatewaySettings, "llm": LLMSettings, "storage": StorageSettings}
 COMMANDS = ("serve", "inspect", "demo", "stats", "clean", "hook", "import")
 
 
 def _default_text(section: str, key: str) -> str:
-    field = {"gateway": GatewaySettings, "llm": LLMSettings}[section].model_fields[key]
+    field = SECTIONS[section].model_fields[key]
     value = field.get_default(call_default_factory=True)
     if value is None:
         return "all installed" if key == "plugins" else "none"
@@ -40,7 +42,7 @@ def _default_text(section: str, key: str) -> str:
 
 def _add_setting_flags(parser: argparse.ArgumentParser, only: tuple[str, ...] | None = None) -> None:
     group = parser.add_argument_group("settings (override the config file and CTX_* variables)")
-    models = {"gateway": GatewaySettings, "llm": LLMSettings}
+    models = SECTIONS
     for flat, where in FLAT_KEYS.items():
         if flat == "ingest_roots" or (only is not None and flat not in only):
             continue

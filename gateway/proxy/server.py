@@ -48,6 +48,7 @@ from gateway.services.responses import (
 )
 from gateway.services.spill import Spiller
 from gateway.services.stats import FLUSH_SECONDS, Row, Stats
+from gateway.services.storage import Storage
 from gateway.services.window import ContextWindow
 from gateway.settings import ServerConfig, Settings
 
@@ -139,6 +140,7 @@ class Gateway:
             ),
             tokens=self.llm.tokens,
             window=self.window,
+            storage=Storage(settings.storage),
             status_of=self._status,
         )
         self.own_tools: dict[str, PluginTool] = {}

@@ -49,6 +49,18 @@ class JsonlLog:
         self.lock_path = path.with_name(path.name + ".lock")
         self.damaged: list[bytes] = []  # complete lines that did not parse, in the order read
 
+    @property
+    def where(self) -> str:
+        return str(self.path)
+
+    def exists(self) -> bool:
+        return self.path.exists()
+
+    def touch(self) -> None:
+        """Create the log empty (an opened session with nothing written yet) if it is not there."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.touch()
+
     def append(self, records: Sequence[dict[str, Any]] | Callable[[], Sequence[dict[str, Any]]]) -> int:
         """Write the records in one write() under the lock, then fsync. Returns the new file size.
 

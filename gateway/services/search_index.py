@@ -232,6 +232,20 @@ class SearchIndex:
         if bulk:
             self._checkpoint_soon()
 
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """A transaction no other writer of this file (another gateway's too) interleaves with: what is
+        read in it is still true when it commits. `insert` and `delete`, not `add`, inside it."""
+        with self.lock:
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+                self.db.execute("COMMIT")
+            except BaseException:
+                if self.db.in_transaction:
+                    self.db.execute("ROLLBACK")
+                raise
+
     def _checkpoint_soon(self) -> None:
         if self.path is None or (self._checkpointing is not None and self._checkpointing.is_alive()):
             return

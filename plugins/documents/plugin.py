@@ -21,7 +21,7 @@ from gateway.args import Args, ToolInputError
 from gateway.handlers import guarded, integer, tool
 from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall
 from gateway.services.responses import ID_PATTERN, StoreError, saved_kind
-from gateway.services.search_index import SearchIndex
+from gateway.services.storage import Storage
 from gateway.settings import expand_vars
 from plugins.documents.chunker import chunk_batches, index_text, kind_of
 
@@ -98,16 +98,21 @@ def read_text_file(path: Path) -> str:
 
 
 class DocumentStore:
-    """Documents and chunks in one SQLite file: metadata, chunk text, and the FTS5 index."""
+    """Documents and chunks in one SQLite file (or one PostgreSQL schema): metadata, chunk text, and the
+    full-text index."""
 
-    def __init__(self, path: Path):
-        schema = """
-            CREATE TABLE IF NOT EXISTS docs (doc_id TEXT PRIMARY KEY, title TEXT, source TEXT, sha TEXT, kind TEXT,
-                chunks INTEGER, tokens INTEGER, bytes INTEGER, created REAL, outline TEXT);
-            CREATE TABLE IF NOT EXISTS chunks (doc_id TEXT, idx INTEGER, heading TEXT, text TEXT, tokens INTEGER,
-                line INTEGER, part TEXT, PRIMARY KEY (doc_id, idx));
-        """
-        self.index = SearchIndex(path, table="chunk_index", columns=("doc", "idx"), schema=schema)
+    SCHEMA = """
+        CREATE TABLE IF NOT EXISTS docs (doc_id TEXT PRIMARY KEY, title TEXT, source TEXT, sha TEXT, kind TEXT,
+            chunks INTEGER, tokens INTEGER, bytes INTEGER, created REAL, outline TEXT);
+        CREATE TABLE IF NOT EXISTS chunks (doc_id TEXT, idx INTEGER, heading TEXT, text TEXT, tokens INTEGER,
+            line INTEGER, part TEXT, PRIMARY KEY (doc_id, idx));
+    """
+
+    def __init__(self, path: Path, storage: Storage | None = None, namespace: str = ""):
+        """`path`: the SQLite file; `storage` may put the store on PostgreSQL instead."""
+        self.index = (storage or Storage()).search_index(
+            path, "documents", namespace, "chunk_index", ("doc", "idx"), self.SCHEMA
+        )
         self.db = self.index.db
         self.lock = self.index.lock
         self.damaged_note = ""
@@ -285,13 +290,13 @@ class DocumentsPlugin(Plugin):
         assert self.ctx is not None, "documents plugin not started"
         path = self.ctx.namespace_dir(namespace) / "documents" / "index.sqlite"
         store = self.stores.get(namespace)
-        if store is not None and not path.exists():
+        if store is not None and not self.ctx.storage.shared and not path.exists():
             # its folder was removed under it: writes would go to an unlinked file and vanish at restart
             log.warning("%s was removed while the gateway ran; the documents index starts afresh", path)
             store.index.close()
             store = None
         if store is None:
-            store = self.stores[namespace] = DocumentStore(path)
+            store = self.stores[namespace] = DocumentStore(path, self.ctx.storage, namespace)
         return store
 
     # -- ingest ----------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from gateway.args import Args
 from gateway.handlers import guarded, integer, tool
 from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall
 from gateway.services.model_endpoint import LLMUnavailable
+from gateway.services.storage import Logs
 from gateway.services.tokens import estimate_tokens
 from plugins.memory.gate import check, with_coverage
 from plugins.memory.guide import GUIDE
@@ -45,6 +46,7 @@ class MemoryPlugin(Plugin):
         self.ctx: GatewayContext | None = None
         self.sessions: dict[tuple[str, str], Session] = {}  # (namespace, session id)
         self.recall_indexes: dict[str, RecallIndex] = {}  # one per namespace
+        self.logs: dict[str, Logs] = {}  # one per namespace: the sessions' logs
         self._locks: dict[str, anyio.Lock] = {}
 
     async def start(self, ctx: GatewayContext) -> None:
@@ -55,6 +57,8 @@ class MemoryPlugin(Plugin):
     async def stop(self) -> None:
         for index in self.recall_indexes.values():
             index.index.close()
+        for logs in self.logs.values():
+            logs.close()
 
     def _folder(self, namespace: str) -> Path:
         assert self.ctx is not None, "memory plugin not started"
@@ -62,16 +66,29 @@ class MemoryPlugin(Plugin):
 
     def _recall_index(self, namespace: str) -> RecallIndex:
         if namespace not in self.recall_indexes:
-            self.recall_indexes[namespace] = RecallIndex(self._folder(namespace) / "index.sqlite")
+            assert self.ctx is not None
+            index = self.ctx.storage.search_index(
+                self._folder(namespace) / "index.sqlite",
+                "memory",
+                namespace,
+                RecallIndex.TABLE,
+                RecallIndex.COLUMNS,
+                RecallIndex.SCHEMA,
+            )
+            self.recall_indexes[namespace] = RecallIndex(index)
         return self.recall_indexes[namespace]
+
+    def _logs(self, namespace: str) -> Logs:
+        if namespace not in self.logs:
+            assert self.ctx is not None
+            self.logs[namespace] = self.ctx.storage.logs(self._folder(namespace), "memory", namespace)
+        return self.logs[namespace]
 
     def _session(self, session_id: Any, namespace: str = "") -> Session:
         sid = check_session_id(session_id)
         key = (namespace, sid)
         if key not in self.sessions:
-            folder = self._folder(namespace)
-            folder.mkdir(parents=True, exist_ok=True)
-            self.sessions[key] = Session(sid, folder)
+            self.sessions[key] = Session(sid, self._logs(namespace).log(sid))
         session = self.sessions[key]
         session.refresh()
         return session
@@ -84,7 +101,7 @@ class MemoryPlugin(Plugin):
         return session
 
     def _unknown(self, session_id: str, namespace: str) -> str:
-        names = sorted(p.stem for p in self._folder(namespace).glob("*.jsonl"))
+        names = self._logs(namespace).names()
         listed = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
         return (
             f"no memory session {session_id!r}; "
@@ -107,7 +124,7 @@ class MemoryPlugin(Plugin):
         if session.damaged_lines:
             out["damaged_lines"] = session.damaged_lines
             out["damaged_note"] = (
-                f"{session.damaged_lines} line(s) of {session.log.path.name} could not be read and were skipped; "
+                f"{session.damaged_lines} line(s) of {Path(session.log.where).name} could not be read and were skipped; "
                 "every other note is intact and new ids never reuse old ones"
             )
         return out
@@ -175,7 +192,7 @@ class MemoryPlugin(Plugin):
         session = await anyio.to_thread.run_sync(self._session, args.raw["session_id"], call.namespace)
         created = not session.exists
         if created:
-            session.log.path.touch()  # an opened session exists: status and recall know it by name
+            session.log.touch()  # an opened session exists: status and recall know it by name
         active = session.active()
         pinned = [e.view() for e in active if e.pinned]
         return {
@@ -185,7 +202,7 @@ class MemoryPlugin(Plugin):
             "pinned": pinned,
             "last_compaction": session.last_compaction,
             **self._usage(session, call.session_id),
-            "log": str(session.log.path),
+            "log": session.log.where,
         }
 
     async def append(self, args: Args, call: ToolCall) -> dict[str, Any]:

@@ -6,11 +6,8 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from gateway.services.jsonl_log import JsonlLog
-from gateway.services.search_index import SearchIndex
 from gateway.services.tokens import estimate_tokens
 
 SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -60,16 +57,17 @@ class Entry:
 
 
 class Session:
-    def __init__(self, session_id: str, folder: Path):
+    def __init__(self, session_id: str, log: Any):
+        """`log`: a `JsonlLog` or its PostgreSQL twin (`Storage.logs`)."""
         self.id = session_id
-        self.log = JsonlLog(folder / f"{session_id}.jsonl")
+        self.log = log
         self.entries: dict[str, Entry] = {}
         self.offset = 0
         self.last_compaction: dict[str, Any] | None = None
 
     @property
     def exists(self) -> bool:
-        return self.log.path.exists()
+        return self.log.exists()
 
     def refresh(self) -> list[dict[str, Any]]:
         """Apply what was appended since the last read (by this or another process)."""
@@ -183,22 +181,30 @@ class Session:
 class RecallIndex:
     """FTS5 over active entries of every session; follows each log incrementally, rebuilt when stale."""
 
-    def __init__(self, path: Path):
-        # a damaged file is moved aside by SearchIndex; the logs are the truth, so it is rebuilt from them
-        schema = "CREATE TABLE IF NOT EXISTS indexed (session TEXT PRIMARY KEY, offset INTEGER);"
-        self.index = SearchIndex(path, table="entries", columns=("session",), schema=schema)
+    TABLE, COLUMNS = "entries", ("session",)
+    SCHEMA = 'CREATE TABLE IF NOT EXISTS indexed (session TEXT PRIMARY KEY, "offset" BIGINT);'
+
+    def __init__(self, index: Any):
+        """`index`: a `SearchIndex` (or its PostgreSQL twin) made with TABLE, COLUMNS and SCHEMA. A damaged
+        file is moved aside by SearchIndex; the logs are the truth, so it is rebuilt from them."""
+        self.index = index
         self._lock = threading.Lock()
 
     def sync(self, session: Session) -> None:
-        with self._lock:
-            row = self.index.db.execute("SELECT offset FROM indexed WHERE session = ?", (session.id,)).fetchone()
+        """Bring the index up to the session's log. Exclusive across processes: two gateways (replicas)
+        following one log never index an entry twice."""
+        with self._lock, self.index.exclusive():
+            row = self.index.db.execute('SELECT "offset" FROM indexed WHERE session = ?', (session.id,)).fetchone()
             done = row[0] if row else -1
             if done == session.offset:
                 return
             if done < 0 or done > session.offset or not self._incremental(session, done):
                 self.index.delete("session = ?", (session.id,))
-                self.index.add((e.id, e.text, (session.id,)) for e in session.active())
-            self.index.db.execute("INSERT OR REPLACE INTO indexed VALUES (?, ?)", (session.id, session.offset))
+                self.index.insert((e.id, e.text, (session.id,)) for e in session.active())
+            self.index.db.execute(
+                'INSERT INTO indexed VALUES (?, ?) ON CONFLICT (session) DO UPDATE SET "offset" = excluded."offset"',
+                (session.id, session.offset),
+            )
 
     def _incremental(self, session: Session, start: int) -> bool:
         records, end = session.log.read(start)
@@ -208,7 +214,7 @@ class RecallIndex:
         gone = [r["id"] for r in records if r.get("type") == "patch" and r.get("superseded_by")]
         for entry_id in gone:
             self.index.delete("session = ? AND key = ?", (session.id, entry_id))
-        self.index.add(
+        self.index.insert(
             (r["id"], r["text"], (session.id,)) for r in new if session.entries[r["id"]].superseded_by is None
         )
         return True

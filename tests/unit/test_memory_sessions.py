@@ -1,14 +1,20 @@
-"""plugins.memory.sessions: two writers on one log (two gateways on one workspace) never fold a note twice."""
+"""plugins.memory.sessions: two writers on one log (two gateways on one workspace, or two replicas on one
+PostgreSQL) never fold a note twice; on either backend."""
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from plugins.memory.sessions import AlreadyFolded, Session
+from plugins.memory.sessions import AlreadyFolded, RecallIndex, Session
 
 
-def test_a_second_compaction_of_the_same_notes_is_refused(tmp_path: Path) -> None:
-    first, second = Session("s", tmp_path), Session("s", tmp_path)  # two processes' views of one log
+def _session(storage: Any, folder: Path, name: str = "s") -> Session:
+    return Session(name, storage.logs(folder, "memory", "").log(name))
+
+
+def test_a_second_compaction_of_the_same_notes_is_refused(tmp_path: Path, storage: Any) -> None:
+    first, second = _session(storage, tmp_path), _session(storage, tmp_path)  # two processes' views of one log
     for i in range(6):
         first.append_entry(f"note {i}", False)
     second.refresh()
@@ -20,3 +26,24 @@ def test_a_second_compaction_of_the_same_notes_is_refused(tmp_path: Path) -> Non
     second.refresh()
     summaries = [e for e in second.active() if e.kind == "summary"]
     assert [s.text for s in summaries] == ["summary A"] and len(second.active()) == 3
+
+
+def test_ids_follow_every_writer_and_recall_finds_korean_and_identifiers(tmp_path: Path, storage: Any) -> None:
+    first, second = _session(storage, tmp_path), _session(storage, tmp_path)
+    assert not first.exists
+    a = first.append_entry("세션을 저장하는 getUserName 함수", False)
+    b = second.append_entry("the deploy runs on Friday", True)  # the other writer sees a's id first
+    assert (a.id, b.id) == ("e00001", "e00002") and first.exists
+    first.refresh()
+    assert [e.id for e in first.active()] == ["e00001", "e00002"]
+    index = RecallIndex(
+        storage.search_index(
+            tmp_path / "index.sqlite", "memory", "", RecallIndex.TABLE, RecallIndex.COLUMNS, RecallIndex.SCHEMA
+        )
+    )
+    assert [k for k, _ in index.search(first, "세션", 5)] == ["e00001"]
+    assert [k for k, _ in index.search(first, "user name", 5)] == ["e00001"]
+    second.append_entry("Friday deploy moved to Monday", False)
+    first.refresh()
+    assert {k for k, _ in index.search(first, "deploy Friday", 5)} == {"e00002", "e00003"}
+    index.index.close()

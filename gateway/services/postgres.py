@@ -1,0 +1,280 @@
+"""The PostgreSQL backend (`[storage] backend = "postgres"`): what several gateway replicas share.
+
+Each store that is one SQLite file on the SQLite backend (a namespace's memory index, its documents) is
+one PostgreSQL schema here, so the stores' own SQL runs on either engine: `PgDatabase` takes SQLite's
+`?` placeholders and keeps the same calls (`execute`, `executemany`, `fetchone`, `fetchall`).
+
+- `PgSearchIndex` is `SearchIndex` on PostgreSQL. Each row keeps its text, its `extra` column (the same
+  identifier splits and CJK bigrams) and a `tsvector` of the tokens SQLite's FTS5 would make of both,
+  under a GIN index; a search takes the rows whose vector matches any query term, then ranks them with
+  FTS5's own BM25 (same weights, same statistics of the whole table), so both backends give the same
+  top results on the same data.
+- `PgLog` is `JsonlLog` on PostgreSQL: an append-only table, appends of one log serialized by an
+  advisory lock held to the commit (ids are assigned under it and never reused), every acknowledged
+  append committed.
+
+psycopg is imported here, and this module only when the backend is postgres.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import threading
+import unicodedata
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from gateway.services.search_index import Hit, _row, query_terms
+
+K1, B = 1.2, 0.75  # FTS5's bm25 constants
+WEIGHTS = (1.0, 0.6)  # body, extra: as `SearchIndex.search` weighs them
+MAX_LEXEME = 500  # PostgreSQL refuses lexemes over 2 KB; nobody searches for a token this long
+CANDIDATES = 2000  # rows ranked per search at most (those matching the most terms first)
+_TOKEN = re.compile(r"\w+")
+_CJK_ONE = re.compile(r"^[\u1100-\u11ff\u3040-\u30ff\u3130-\u318f\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]$")
+
+
+class StorageError(RuntimeError):
+    """The database cannot be reached or refused the schema; the message says what to check."""
+
+
+def fts_tokens(text: str) -> list[str]:
+    """The tokens SQLite's FTS5 makes of a text (unicode61, diacritics removed, `_` a token character)."""
+    folded = text.lower()
+    if not folded.isascii():
+        folded = "".join(c for c in unicodedata.normalize("NFKD", folded) if not unicodedata.combining(c))
+        folded = unicodedata.normalize("NFC", folded)
+    return _TOKEN.findall(folded)
+
+
+def schema_name(*parts: str) -> str:
+    """A PostgreSQL schema for one store of one namespace (`ctx_memory`, `ctx_documents_alice`); long or
+    unusual names are shortened with a hash (identifiers are at most 63 bytes)."""
+    name = "_".join(["ctx", *[p for p in parts if p]])
+    safe = re.sub(r"[^a-z0-9_]", "_", name.lower())
+    if safe != name.lower() or len(safe) > 50:
+        safe = f"{safe[:40]}_{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+    return safe
+
+
+def connect(dsn: str) -> psycopg.Connection[Any]:
+    try:
+        return psycopg.connect(dsn, autocommit=True, connect_timeout=10)
+    except psycopg.Error as exc:
+        raise StorageError(
+            f"PostgreSQL at [storage] dsn could not be reached: {str(exc).strip().splitlines()[0]}"
+        ) from None
+
+
+def _sqlite_to_pg(sql: str) -> str:
+    """The stores' SQL as PostgreSQL takes it: `?` placeholders, REAL as double precision."""
+    sql = sql.replace("%", "%%").replace("?", "%s")
+    return re.sub(r"\bREAL\b", "DOUBLE PRECISION", sql)
+
+
+class PgDatabase:
+    """One connection whose `search_path` is one store's schema, with the calls the stores make of a
+    sqlite3 connection. Shared by the store's threads under its lock."""
+
+    def __init__(self, dsn: str, schema: str):
+        self.schema = schema
+        self.conn = connect(dsn)
+        with self.conn.transaction():
+            # two replicas starting at once: one creates the schema, the other waits for it
+            self.conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"schema:{schema}",))
+            self.conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+        self.conn.execute(f'SET search_path TO "{schema}"')
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
+        return self.conn.execute(_sqlite_to_pg(sql), tuple(params))  # type: ignore[arg-type]
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        with self.conn.cursor() as cur:
+            cur.executemany(_sqlite_to_pg(sql), list(rows))  # type: ignore[arg-type]
+
+    def executescript(self, script: str) -> None:
+        with self.conn.transaction():
+            self.conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"schema:{self.schema}",))
+            for statement in filter(str.strip, script.split(";")):
+                self.conn.execute(_sqlite_to_pg(statement))  # type: ignore[arg-type]
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        with self.conn.transaction():
+            yield
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def _tsquery(terms: Sequence[str]) -> str:
+    """A tsquery of the terms as lexemes (never parsed: nothing in them is syntax), OR-ed."""
+    out = []
+    for term in terms:
+        quoted = "'" + term.replace("\\", "\\\\").replace("'", "''") + "'"
+        out.append(quoted + ":*" if _CJK_ONE.match(term) else quoted)
+    return " | ".join(out)
+
+
+def _lexemes(*texts: str) -> list[str]:
+    return sorted({t for text in texts for t in fts_tokens(text) if len(t) <= MAX_LEXEME})
+
+
+class PgSearchIndex:
+    """`SearchIndex` on PostgreSQL: the same calls, the same rows, the same ranking."""
+
+    def __init__(self, dsn: str, schema: str, table: str = "docs", columns: Sequence[str] = (), script: str = ""):
+        self.table = table
+        self.columns = list(columns)
+        self.lock = threading.RLock()
+        self.recovered_from = None  # nothing is moved aside: the database keeps its own integrity
+        self.path = None
+        self.db = PgDatabase(dsn, schema)
+        cols = "".join(f", {c} TEXT" for c in self.columns)
+        self.db.executescript(
+            f"CREATE TABLE IF NOT EXISTS {table} (key TEXT{cols}, body TEXT, extra TEXT, "
+            "body_tokens INTEGER, extra_tokens INTEGER, tsv TSVECTOR);"
+            f"CREATE INDEX IF NOT EXISTS {table}_tsv ON {table} USING GIN (tsv);"
+            + "".join(f"CREATE INDEX IF NOT EXISTS {table}_{c} ON {table} ({c});" for c in self.columns)
+            + script
+        )
+
+    def add(self, rows: Iterable[tuple[Any, ...]]) -> None:
+        with self.transaction():
+            self.insert(rows)
+
+    def insert(self, rows: Iterable[tuple[Any, ...]]) -> None:
+        cols = ", ".join(["key", *self.columns, "body", "extra", "body_tokens", "extra_tokens", "tsv"])
+        marks = ", ".join(["?"] * (len(self.columns) + 5) + ["array_to_tsvector(?::text[])"])
+
+        def made() -> Iterator[tuple[Any, ...]]:
+            for row in rows:
+                key, *values, body, extra = _row(*row)
+                yield (key, *values, body, extra, len(fts_tokens(body)), len(fts_tokens(extra)), _lexemes(body, extra))
+
+        with self.lock:
+            self.db.executemany(f"INSERT INTO {self.table} ({cols}) VALUES ({marks})", made())
+
+    @contextmanager
+    def transaction(self, bulk: bool = False) -> Iterator[None]:
+        with self.lock, self.db.transaction():
+            yield
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """A transaction no other writer of this table (another replica's too) interleaves with."""
+        with self.lock, self.db.transaction():
+            self.db.execute("SELECT pg_advisory_xact_lock(hashtextextended(?, 0))", (f"{self.db.schema}.{self.table}",))
+            yield
+
+    def delete(self, where: str, params: Sequence[object] = ()) -> None:
+        with self.lock:
+            self.db.execute(f"DELETE FROM {self.table} WHERE {where}", params)
+
+    def search(self, query: str, limit: int = 10, where: str = "", params: Sequence[object] = ()) -> list[Hit]:
+        terms = query_terms(query)
+        if not terms:
+            return []
+        condition = f" AND {where}" if where else ""
+        tsquery = _tsquery(terms)
+        counts = ", ".join("count(*) FILTER (WHERE tsv @@ ?::tsquery)" for _ in terms)
+        with self.lock:
+            stats = self.db.execute(
+                f"SELECT count(*), coalesce(avg(body_tokens + extra_tokens), 0), {counts} FROM {self.table}",
+                [_tsquery([t]) for t in terms],
+            ).fetchone()
+            rows = self.db.execute(
+                f"SELECT key, body, extra, body_tokens + extra_tokens FROM {self.table} "
+                f"WHERE tsv @@ ?::tsquery{condition} ORDER BY ts_rank(tsv, ?::tsquery) DESC LIMIT ?",
+                (tsquery, *params, tsquery, CANDIDATES),
+            ).fetchall()
+        total, avgdl, hits = stats[0], float(stats[1]) or 1.0, stats[2:]
+        idf = [max(math.log((total - n + 0.5) / (n + 0.5)), 1e-6) for n in hits]
+        scored = [(key, _bm25(terms, idf, body, extra, length, avgdl)) for key, body, extra, length in rows]
+        scored.sort(key=lambda s: -s[1])
+        return [Hit(key, score) for key, score in scored[:limit]]
+
+    def close(self) -> None:
+        with self.lock:
+            self.db.close()
+
+
+def _bm25(terms: Sequence[str], idf: Sequence[float], body: str, extra: str, length: int, avgdl: float) -> float:
+    """FTS5's bm25() for one row: per term, the weighted hits in each column against the row's length."""
+    freq = [0.0] * len(terms)
+    for weight, text in zip(WEIGHTS, (body, extra), strict=True):
+        counted = Counter(fts_tokens(text))
+        for i, term in enumerate(terms):
+            if _CJK_ONE.match(term):  # a one-character CJK term matches as a prefix
+                freq[i] += weight * sum(n for token, n in counted.items() if token.startswith(term))
+            else:
+                freq[i] += weight * counted.get(term, 0)
+    norm = K1 * (1 - B + B * length / avgdl)
+    return sum(w * (f * (K1 + 1)) / (f + norm) for w, f in zip(idf, freq, strict=True) if f)
+
+
+class PgLog:
+    """`JsonlLog` on PostgreSQL: one log's records in order, appended under a lock held to the commit."""
+
+    def __init__(self, db: PgDatabase, lock: threading.RLock, name: str):
+        self.db, self.lock, self.name = db, lock, name
+        self.damaged: list[bytes] = []  # a committed row is whole: nothing is ever damaged here
+
+    @property
+    def where(self) -> str:
+        return f"PostgreSQL {self.db.schema}.log, {self.name}"
+
+    @staticmethod
+    def schema() -> str:
+        return (
+            "CREATE TABLE IF NOT EXISTS log (name TEXT NOT NULL, seq BIGSERIAL, record JSONB NOT NULL, "
+            "PRIMARY KEY (name, seq));"
+        )
+
+    def exists(self) -> bool:
+        with self.lock:
+            return self.db.execute("SELECT 1 FROM log WHERE name = ? LIMIT 1", (self.name,)).fetchone() is not None
+
+    def append(self, records: Sequence[dict[str, Any]] | Callable[[], Sequence[dict[str, Any]]]) -> int:
+        """The records in one transaction, under this log's lock (every replica's), committed before
+        this returns. `records` may be a function called under the lock, as `JsonlLog.append`'s."""
+        with self.lock, self.db.transaction():
+            self.db.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended(?, 0))", (f"log:{self.db.schema}:{self.name}",)
+            )
+            rows = records() if callable(records) else records
+            self.db.executemany("INSERT INTO log (name, record) VALUES (?, ?)", [(self.name, Jsonb(r)) for r in rows])
+            last = self.db.execute("SELECT max(seq) FROM log WHERE name = ?", (self.name,)).fetchone()
+        return int(last[0] or 0)
+
+    def read(self, start: int = 0) -> tuple[list[dict[str, Any]], int]:
+        """Records after `start` (a sequence number; 0 reads all) and the last one read. Appends to one
+        log commit in the order of their numbers (the lock), so nothing committed is ever skipped."""
+        with self.lock:
+            rows = self.db.execute(
+                "SELECT seq, record FROM log WHERE name = ? AND seq > ? ORDER BY seq", (self.name, start)
+            ).fetchall()
+        records = [r if isinstance(r, dict) else json.loads(r) for _, r in rows]
+        return [r for r in records if isinstance(r, dict)], int(rows[-1][0]) if rows else start
+
+    def touch(self) -> None:
+        """Mark the log as existing (an opened session with nothing written yet)."""
+        with self.lock, self.db.transaction():
+            self.db.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended(?, 0))", (f"log:{self.db.schema}:{self.name}",)
+            )
+            if self.db.execute("SELECT 1 FROM log WHERE name = ? LIMIT 1", (self.name,)).fetchone() is None:
+                self.db.execute("INSERT INTO log (name, record) VALUES (?, ?)", (self.name, Jsonb({"type": "opened"})))
+
+
+def names(db: PgDatabase, lock: threading.RLock) -> list[str]:
+    with lock:
+        return [r[0] for r in db.execute("SELECT DISTINCT name FROM log ORDER BY name").fetchall()]
