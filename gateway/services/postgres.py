@@ -32,7 +32,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from gateway.services.search_index import Hit, _row, query_terms
+from gateway.services.search_index import Hit, IndexCalls, _row, query_terms
 
 K1, B = 1.2, 0.75  # FTS5's bm25 constants
 WEIGHTS = (1.0, 0.6)  # body, extra: as `SearchIndex.search` weighs them
@@ -128,7 +128,7 @@ def _lexemes(*texts: str) -> list[str]:
     return sorted({t for text in texts for t in fts_tokens(text) if len(t) <= MAX_LEXEME})
 
 
-class PgSearchIndex:
+class PgSearchIndex(IndexCalls):
     """`SearchIndex` on PostgreSQL: the same calls, the same rows, the same ranking."""
 
     def __init__(self, dsn: str, schema: str, table: str = "docs", columns: Sequence[str] = (), script: str = ""):
@@ -146,10 +146,6 @@ class PgSearchIndex:
             + "".join(f"CREATE INDEX IF NOT EXISTS {table}_{c} ON {table} ({c});" for c in self.columns)
             + script
         )
-
-    def add(self, rows: Iterable[tuple[Any, ...]]) -> None:
-        with self.transaction():
-            self.insert(rows)
 
     def insert(self, rows: Iterable[tuple[Any, ...]]) -> None:
         cols = ", ".join(["key", *self.columns, "body", "extra", "body_tokens", "extra_tokens", "tsv"])
@@ -174,10 +170,6 @@ class PgSearchIndex:
         with self.lock, self.db.transaction():
             self.db.execute("SELECT pg_advisory_xact_lock(hashtextextended(?, 0))", (f"{self.db.schema}.{self.table}",))
             yield
-
-    def delete(self, where: str, params: Sequence[object] = ()) -> None:
-        with self.lock:
-            self.db.execute(f"DELETE FROM {self.table} WHERE {where}", params)
 
     def search(self, query: str, limit: int = 10, where: str = "", params: Sequence[object] = ()) -> list[Hit]:
         terms = query_terms(query)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from itertools import chain
 from pathlib import Path
+from typing import Any
 
 from gateway.services.files import move_aside
 from gateway.services.text import CJK_CLASS
@@ -142,7 +143,31 @@ class Hit:
     score: float  # higher is better
 
 
-class SearchIndex:
+class IndexCalls:
+    """What both search indexes (SQLite's `SearchIndex`, PostgreSQL's `PgSearchIndex`) do alike."""
+
+    table: str
+    lock: threading.RLock
+    db: Any
+
+    def transaction(self, bulk: bool = False) -> Any:
+        raise NotImplementedError
+
+    def insert(self, rows: Iterable[tuple[Any, ...]]) -> None:
+        raise NotImplementedError
+
+    def add(self, rows: Iterable[tuple[str, str, Sequence[object]] | tuple[str, str, Sequence[object], str]]) -> None:
+        """Rows of (key, text, extra column values), and optionally the text's `expand` when the caller
+        made it already (documents do, in a worker process for large ones)."""
+        with self.transaction():
+            self.insert(rows)
+
+    def delete(self, where: str, params: Sequence[object] = ()) -> None:
+        with self.lock:
+            self.db.execute(f"DELETE FROM {self.table} WHERE {where}", params)
+
+
+class SearchIndex(IndexCalls):
     """One FTS5 table in one SQLite file (or memory). Thread-safe; each call is short."""
 
     def __init__(self, path: Path | str, table: str = "docs", columns: Sequence[str] = (), schema: str = ""):
@@ -186,12 +211,6 @@ class SearchIndex:
             raise
         return db
 
-    def add(self, rows: Iterable[tuple[str, str, Sequence[object]] | tuple[str, str, Sequence[object], str]]) -> None:
-        """Rows of (key, text, extra column values), and optionally the text's `expand` when the caller
-        made it already (documents do, in a worker process for large ones)."""
-        with self.transaction():
-            self.insert(rows)
-
     def insert(
         self, rows: Iterable[tuple[str, str, Sequence[object]] | tuple[str, str, Sequence[object], str]]
     ) -> None:
@@ -217,14 +236,8 @@ class SearchIndex:
                 for name, value in _BULK_SETTINGS.items():
                     self.db.execute(f"PRAGMA {name} = {value}")
             try:
-                self.db.execute("BEGIN")
-                try:
+                with self._begun("BEGIN"):
                     yield
-                    self.db.execute("COMMIT")
-                except BaseException:
-                    if self.db.in_transaction:
-                        self.db.execute("ROLLBACK")
-                    raise
             finally:
                 if bulk:
                     for name, value in before.items():
@@ -236,15 +249,19 @@ class SearchIndex:
     def exclusive(self) -> Iterator[None]:
         """A transaction no other writer of this file (another gateway's too) interleaves with: what is
         read in it is still true when it commits. `insert` and `delete`, not `add`, inside it."""
-        with self.lock:
-            self.db.execute("BEGIN IMMEDIATE")
-            try:
-                yield
-                self.db.execute("COMMIT")
-            except BaseException:
-                if self.db.in_transaction:
-                    self.db.execute("ROLLBACK")
-                raise
+        with self.lock, self._begun("BEGIN IMMEDIATE"):
+            yield
+
+    @contextmanager
+    def _begun(self, begin: str) -> Iterator[None]:
+        self.db.execute(begin)
+        try:
+            yield
+            self.db.execute("COMMIT")
+        except BaseException:
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+            raise
 
     def _checkpoint_soon(self) -> None:
         if self.path is None or (self._checkpointing is not None and self._checkpointing.is_alive()):
@@ -263,10 +280,6 @@ class SearchIndex:
                 db.close()
         except sqlite3.Error as exc:
             log.debug("checkpoint of %s after a large write: %s", self.path, exc)
-
-    def delete(self, where: str, params: Sequence[object] = ()) -> None:
-        with self.lock:
-            self.db.execute(f"DELETE FROM {self.table} WHERE {where}", params)
 
     def search(self, query: str, limit: int = 10, where: str = "", params: Sequence[object] = ()) -> list[Hit]:
         terms = query_terms(query)

@@ -1,9 +1,11 @@
-"""The document store keeps exactly the chunks of the last complete set of batches, in one transaction."""
+"""The document store keeps exactly the chunks of the last complete set of batches, in one transaction
+(on SQLite and on PostgreSQL)."""
 
 from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,9 +22,9 @@ def _batch(*names: str) -> tuple[list[Chunk], list[str]]:
 
 
 def test_batches_are_stored_in_order_and_a_start_over_voids_the_earlier_ones(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, storage: Any
 ) -> None:
-    store = DocumentStore(tmp_path / "docs.sqlite")
+    store = DocumentStore(tmp_path / "docs.sqlite", storage)
     monkeypatch.setattr(plugin, "chunk_batches", lambda text, kind: iter([_batch("a", "b"), _batch("c")]))
     info = store.put("d1", "t", "s", TEXT, "markdown")
     assert info["chunks"] == 3
@@ -37,8 +39,10 @@ def test_batches_are_stored_in_order_and_a_start_over_voids_the_earlier_ones(
     assert {h.key for h in store.index.search("body", 10) if h.key.startswith("d2:")} == {"d2:0", "d2:1"}
 
 
-def test_a_failure_while_storing_leaves_the_previous_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    store = DocumentStore(tmp_path / "docs.sqlite")
+def test_a_failure_while_storing_leaves_the_previous_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, storage: Any
+) -> None:
+    store = DocumentStore(tmp_path / "docs.sqlite", storage)
     store.put("d", "t", "s", TEXT, "markdown")
     before = store.chunks("d", 0, 99)
     assert [c["text"] for c in before] == [c.text for c in chunk_document(TEXT, "markdown")]

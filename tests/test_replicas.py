@@ -1,0 +1,154 @@
+"""Two gateway replicas over Streamable HTTP on one PostgreSQL and one shared workspace folder: what one
+writes the other reads, no namespace crosses, and a replica killed mid-traffic loses no acknowledged note."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+
+import anyio
+import httpx2
+import pytest
+from conftest import PY, free_port, gateway_env, probe, text_of, wait_listening, write_config
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+from gateway.services.storage import Storage
+from gateway.settings import StorageSettings
+
+pytestmark = pytest.mark.anyio
+ALICE, BOB = "alice-token-0123456789abcdef", "bob-token-0123456789abcdefgh"
+
+
+def _config(tmp_path: Path, dsn: str) -> Path:
+    cfg = write_config(tmp_path, {"p": probe("p")}, plugins=["offload", "memory", "documents"])
+    cfg.write_text(
+        cfg.read_text()
+        + f'\n[storage]\nbackend = "postgres"\ndsn = {json.dumps(dsn)}\n'
+        + f'\n[[auth.tokens]]\nname = "alice"\ntoken = "{ALICE}"\n\n[[auth.tokens]]\nname = "bob"\ntoken = "{BOB}"\n'
+    )
+    return cfg
+
+
+def _replica(cfg: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    argv = [PY, "-m", "gateway", "--config", str(cfg), "--transport", "http", "--port", str(port)]
+    with open(log, "ab") as err:
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=gateway_env()
+        )
+    wait_listening(f"http://127.0.0.1:{port}/nothing", proc)
+    return proc, f"http://127.0.0.1:{port}/mcp"
+
+
+@asynccontextmanager
+async def _host(url: str, token: str) -> AsyncIterator[ClientSession]:
+    async with (
+        httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=httpx2.Timeout(30)) as http,
+        streamable_http_client(url, http_client=http) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        yield session
+
+
+async def _ok(session: ClientSession, tool: str, args: dict) -> dict:
+    result = await session.call_tool(tool, args)
+    assert not result.is_error, f"{tool}: {text_of(result)[:300]}"
+    return result.structured_content or json.loads(text_of(result))
+
+
+async def test_what_one_replica_writes_the_other_reads(tmp_path: Path, postgres_dsn: str) -> None:
+    cfg = _config(tmp_path, postgres_dsn)
+    a, url_a = _replica(cfg, tmp_path / "a.log")
+    b, url_b = _replica(cfg, tmp_path / "b.log")
+    try:
+        async with AsyncExitStack() as stack:
+            alice_a = await stack.enter_async_context(_host(url_a, ALICE))
+            alice_b = await stack.enter_async_context(_host(url_b, ALICE))
+            bob_b = await stack.enter_async_context(_host(url_b, BOB))
+
+            # a note appended through A is recalled through B (Korean too)
+            await _ok(alice_a, "context_append", {"session_id": "plan", "text": "배포는 금요일 오후에 한다"})
+            recalled = await _ok(alice_b, "context_recall", {"session_id": "plan", "query": "배포 금요일"})
+            assert "금요일" in json.dumps(recalled, ensure_ascii=False)
+
+            # a result offloaded through A is sliced and queried through B (one shared folder)
+            big = await alice_a.call_tool("p__big", {"size": 200_000})
+            rid = json.loads(text_of(big))["fileRef"]["id"]
+            sliced = await _ok(alice_b, "response_slice", {"path": rid, "json_path": "data.3.name"})
+            assert "item-3" in json.dumps(sliced)
+            counted = await _ok(alice_b, "response_query", {"path": rid, "sql": "SELECT count(*) FROM items"})
+            assert counted["rows"] == [[200_000 // 80]]
+
+            # a document ingested through B is searched through A
+            text = "# Runbook\n\nRestart the ingest worker with `systemctl restart ingestd`.\n"
+            await _ok(alice_b, "doc_ingest", {"text": text, "title": "runbook"})
+            found = await _ok(alice_a, "doc_search", {"query": "restart ingestd"})
+            assert found["results"] and "ingestd" in found["results"][0]["text"]
+
+            # bob sees none of alice's, on either replica
+            peek = await bob_b.call_tool("context_recall", {"session_id": "plan", "query": "배포 금요일"})
+            assert "금요일" not in text_of(peek)
+            assert (await _ok(bob_b, "doc_list", {}))["documents"] == []
+            theirs = await bob_b.call_tool("response_outline", {"path": rid})
+            assert theirs.is_error
+    finally:
+        for proc in (a, b):
+            proc.terminate()
+            proc.wait(15)
+    # notes and documents live in PostgreSQL; the shared folder holds only the offloaded results
+    assert not list((tmp_path / "ws").rglob("*.jsonl")) and not list((tmp_path / "ws").rglob("*.sqlite"))
+
+
+async def test_a_replica_killed_mid_traffic_loses_no_acknowledged_note(tmp_path: Path, postgres_dsn: str) -> None:
+    cfg = _config(tmp_path, postgres_dsn)
+    a, url_a = _replica(cfg, tmp_path / "a.log")
+    b, url_b = _replica(cfg, tmp_path / "b.log")
+    acknowledged: list[str] = []
+    try:
+
+        async def write_through_a() -> None:
+            try:
+                async with _host(url_a, ALICE) as alice_a:
+                    for i in range(10_000):
+                        text = f"note {i} 기록"
+                        result = await alice_a.call_tool("context_append", {"session_id": "log", "text": text})
+                        if not result.is_error:
+                            acknowledged.append(text)
+            except Exception:  # the replica went away mid-call: what it acknowledged before counts
+                return
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(write_through_a)
+            with anyio.fail_after(60):
+                while len(acknowledged) < 40:
+                    await anyio.sleep(0.01)
+            a.send_signal(signal.SIGKILL)
+            a.wait(15)
+        assert len(acknowledged) >= 40
+
+        async with _host(url_b, ALICE) as alice_b:  # B keeps serving, and has every acknowledged note
+            opened = await _ok(alice_b, "context_open", {"session_id": "log"})
+            assert opened["entries"] >= len(acknowledged)
+            await _ok(alice_b, "context_append", {"session_id": "log", "text": "after the crash"})
+        storage = Storage(StorageSettings(backend="postgres", dsn=postgres_dsn))
+        records, _ = storage.logs(tmp_path, "memory", "alice").log("log").read()
+        kept = [r["text"] for r in records if r.get("type") == "entry"]
+        assert set(acknowledged) <= set(kept) and kept[-1] == "after the crash"
+        ids = [r["id"] for r in records if r.get("type") == "entry"]
+        assert len(ids) == len(set(ids))  # no id was handed out twice
+    finally:
+        for proc in (a, b):
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(15)
+
+
+@pytest.fixture(autouse=True)
+def _needs_postgres(postgres_server: str) -> None:
+    """Every test here runs on the session's PostgreSQL (skipped, with the reason, where it cannot start)."""
