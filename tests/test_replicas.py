@@ -13,10 +13,11 @@ from pathlib import Path
 import anyio
 import httpx2
 import pytest
-from conftest import PY, free_port, gateway_env, probe, text_of, wait_listening, write_config
+from conftest import PY, free_port, gateway_env, probe, run_cli, text_of, wait_listening, write_config
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
+from gateway.services.stats import summary
 from gateway.services.storage import Storage
 from gateway.settings import StorageSettings
 
@@ -97,6 +98,13 @@ async def test_what_one_replica_writes_the_other_reads(tmp_path: Path, postgres_
             assert (await _ok(bob_b, "doc_list", {}))["documents"] == []
             theirs = await bob_b.call_tool("response_outline", {"path": rid})
             assert theirs.is_error
+
+            # the usage figures are every replica's, in one place (each writes its rows every 2 s)
+            storage = Storage(StorageSettings(backend="postgres", dsn=postgres_dsn))
+            with anyio.fail_after(20):
+                while (figures := summary(tmp_path / "unused", storage=storage))["totals"]["all"]["calls"] < 10:
+                    await anyio.sleep(0.2)
+            assert {r["server"] for r in figures["rows"]} >= {"p", "gateway"}
     finally:
         for proc in (a, b):
             proc.terminate()
@@ -152,3 +160,13 @@ async def test_a_replica_killed_mid_traffic_loses_no_acknowledged_note(tmp_path:
 @pytest.fixture(autouse=True)
 def _needs_postgres(postgres_server: str) -> None:
     """Every test here runs on the session's PostgreSQL (skipped, with the reason, where it cannot start)."""
+
+
+def test_inspect_names_the_backend_and_an_unreachable_one_is_one_line(tmp_path: Path, postgres_dsn: str) -> None:
+    cfg = _config(tmp_path, postgres_dsn)
+    shown = run_cli("inspect", "--config", str(cfg))
+    assert shown.returncode == 0, shown.stderr
+    assert "storage: postgres 1" in shown.stdout and "password" not in shown.stdout
+    dead = run_cli("inspect", "--config", str(cfg), CTX_STORAGE_DSN="postgresql://nobody@127.0.0.1:9/none")
+    assert dead.returncode == 2 and "Traceback" not in dead.stderr
+    assert dead.stderr.strip().count("\n") == 0 and "could not be reached" in dead.stderr

@@ -178,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
 
     warnings.filterwarnings("ignore", category=MCPDeprecationWarning)
     from gateway.pipeline import PluginError
+    from gateway.services.storage import StorageError
 
     try:
         if args.command == "import":
@@ -198,6 +199,10 @@ def main(argv: list[str] | None = None) -> int:
             from gateway.settings import check_port, check_workspace
 
             check_workspace(settings)
+            if settings.storage.backend == "postgres":  # reachable, before any upstream starts
+                from gateway.services.storage import Storage
+
+                Storage(settings.storage).check()
             if args.command == "serve":
                 check_port(settings)
         if args.command == "inspect":
@@ -219,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         from gateway.cli.serve import cmd_serve
 
         return cmd_serve(settings, reload=lambda: _settings(args))
-    except (ConfigError, PluginError) as exc:
+    except (ConfigError, PluginError, StorageError) as exc:
         print(f"mcp-context-gateway: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -61,6 +61,7 @@ async def inspect_report(settings: Settings) -> tuple[str, int]:
             f"(tool mode {mode}: {reason})",
             f"in {other} mode it would receive {len(alternative)} tools, ~{definition_tokens(alternative):,} tokens",
             gateway.llm.describe(),
+            f"storage: {gateway.context.storage.check()}",
             f"window {gateway.window.for_session('inspect').describe()}; budget {gateway.window.budget('inspect'):,} "
             f"tokens; results above {gateway.window.max_response_tokens(None, 'inspect'):,} tokens are offloaded",
         ]
@@ -72,7 +73,7 @@ async def inspect_report(settings: Settings) -> tuple[str, int]:
             status = max(status, 1)
             notes.append(line)
         for line in gateway.routing.changed.values():
-            notes.append(f"changed: {line} (remove {gateway.routing.ledger.path} to accept)")
+            notes.append(f"changed: {line} ({gateway.routing.ledger.accept} to accept)")
         for name, why in gateway.pipeline.failed.items():
             status = max(status, 1)
             notes.append(f"plugin {name} failed to start and is left out: {why}")

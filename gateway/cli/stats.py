@@ -8,6 +8,7 @@ import sys
 
 from gateway.cli.table import table
 from gateway.services.stats import PERIODS, summary
+from gateway.services.storage import Storage
 from gateway.services.text import human_size
 from gateway.settings import Settings
 
@@ -18,14 +19,19 @@ def _n(value: int | None) -> str:
 
 def cmd_stats(settings: Settings, period: str, as_json: bool) -> int:
     path = settings.gateway.workspace / "stats.db"
+    storage = Storage(settings.storage)
     try:
-        figures = summary(path, period)
+        figures = summary(path, period, storage=storage)
     except sqlite3.Error as exc:
         print(
             f"mcp-context-gateway: {path} cannot be read ({exc}): remove it (the gateway starts a new one)",
             file=sys.stderr,
         )
         return 2
+    except RuntimeError as exc:  # the PostgreSQL backend cannot be reached
+        print(f"mcp-context-gateway: {exc}", file=sys.stderr)
+        return 2
+    where = storage.check() if storage.shared else str(path)
     if as_json:
         print(json.dumps(figures, indent=2, ensure_ascii=False))
         return 0
@@ -34,7 +40,7 @@ def cmd_stats(settings: Settings, period: str, as_json: bool) -> int:
         t = figures["totals"][name]
         label = "all" if name == "all" else f"last {name}"
         totals.append([label, _n(t["calls"]), _n(t["errors"]), _n(t["tokens_returned"]), _n(t["tokens_saved"])])
-    print(f"usage figures in {path}")
+    print(f"usage figures in {where}")
     print(table(totals, right={1, 2, 3, 4}))
     rows = figures["rows"]
     if not rows:

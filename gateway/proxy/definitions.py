@@ -2,6 +2,8 @@
 the workspace (`definitions.json`) by its SHA-256; a later one that differs is reported (log,
 `inspect`) and, with `freeze_definitions = true`, not served: the host keeps the first definition and
 calls to the tool are refused with what changed. Removing the file accepts the current definitions.
+On the PostgreSQL backend the ledger is the table `ctx_definitions.definitions`, shared by the replicas
+(the first definition any replica saw wins); deleting its rows accepts the current definitions.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 import mcp_types as types
 
 from gateway.services.files import atomic_write, move_aside
+from gateway.services.storage import Storage
 
 log = logging.getLogger("gateway.definitions")
 FIELDS = ("title", "description", "inputSchema", "outputSchema", "annotations")
@@ -47,16 +50,28 @@ def what_changed(before: dict[str, Any], after: dict[str, Any]) -> str:
     return ", ".join(parts) or "definition"
 
 
-class DefinitionLedger:
-    """server -> tool -> the first definition seen, kept in one JSON file in the workspace."""
+PG_SCHEMA = "CREATE TABLE IF NOT EXISTS definitions (server TEXT, tool TEXT, sha TEXT, definition TEXT, PRIMARY KEY (server, tool));"
 
-    def __init__(self, path: Path):
+
+class DefinitionLedger:
+    """server -> tool -> the first definition seen, kept in one JSON file in the workspace (or in
+    PostgreSQL, `storage`)."""
+
+    def __init__(self, path: Path, storage: Storage | None = None):
         self.path = path
         self._lock = threading.Lock()
         self._seen: dict[str, dict[str, dict[str, Any]]] = {}
         self._reported: set[tuple[str, str, str]] = set()
         self._dirty = False
         self.damaged = ""  # why the first definitions are unknown (the ledger could not be read)
+        self._db: Any = None
+        self.accept = f"remove {path}"  # how the operator accepts the current definitions
+        if storage is not None and storage.shared:
+            self.accept = "delete the rows of PostgreSQL's ctx_definitions.definitions"
+            self._db = storage.database("definitions")
+            self._db.executescript(PG_SCHEMA)
+            self._seen = self._shared()
+            return
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
             if not isinstance(data, dict):
@@ -95,13 +110,19 @@ class DefinitionLedger:
         if (server, tool.name, sha) not in self._reported:
             self._reported.add((server, tool.name, sha))
             log.warning(
-                "tool '%s' of server '%s' changed its definition since it was first seen (%s); remove %s to accept it",
+                "tool '%s' of server '%s' changed its definition since it was first seen (%s); %s to accept it",
                 tool.name,
                 server,
                 change,
-                self.path,
+                self.accept,
             )
         return first, change
+
+    def _shared(self) -> dict[str, dict[str, dict[str, Any]]]:
+        seen: dict[str, dict[str, dict[str, Any]]] = {}
+        for server, tool, sha, definition in self._db.execute("SELECT server, tool, sha, definition FROM definitions"):
+            seen.setdefault(server, {})[tool] = {"sha": sha, "definition": json.loads(definition)}
+        return seen
 
     def flush(self) -> None:
         """Write the definitions seen for the first time since the last flush."""
@@ -111,6 +132,22 @@ class DefinitionLedger:
             self.damaged = ""  # remembered anew (freeze off): the marker goes with this write
             self._dirty = False
             data = json.dumps(self._seen, ensure_ascii=False, indent=1)
+            rows = [
+                (server, tool, known["sha"], json.dumps(known["definition"], ensure_ascii=False))
+                for server, tools in self._seen.items()
+                for tool, known in tools.items()
+            ]
+        if self._db is not None:  # another replica's first definition wins over this one's
+            try:
+                self._db.executemany("INSERT INTO definitions VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING", rows)
+                shared = self._shared()
+            except RuntimeError as exc:
+                log.warning("cannot save the tool definitions to PostgreSQL: %s", exc)
+                return
+            with self._lock:
+                for server, tools in shared.items():
+                    self._seen.setdefault(server, {}).update(tools)
+            return
         try:
             atomic_write(self.path, data, sync=False)
         except OSError as exc:

@@ -16,6 +16,7 @@ import mcp_types as types
 import gateway.compat as compat
 from gateway.proxy.definitions import DefinitionLedger
 from gateway.proxy.upstream import Upstream
+from gateway.services.storage import Storage
 from gateway.settings import Settings
 
 log = logging.getLogger("gateway.routing")
@@ -78,7 +79,7 @@ class RoutingTable:
         self.dropped: list[str] = []  # definitions repaired, or left out because hosts would reject them
         self.changed: dict[str, str] = {}  # host-facing name -> how its definition changed since first seen
         self.frozen = settings.gateway.freeze_definitions
-        self.ledger = DefinitionLedger(settings.gateway.workspace / "definitions.json")
+        self.ledger = DefinitionLedger(settings.gateway.workspace / "definitions.json", Storage(settings.storage))
         self._checked: dict[tuple[str, str], str | None] = {}  # (server, definition) -> wire problem
         self.version = 0
         self.rebuild()

@@ -119,7 +119,8 @@ class Gateway:
         self.spiller = Spiller(workspace / "spill") if self.pipeline.reads_spilled else None
         self.upstreams = {name: self._new_upstream(name, cfg) for name, cfg in settings.enabled_servers.items()}
         self._tg: anyio.abc.TaskGroup | None = None  # where upstreams run (added ones too, on reload)
-        self.stats = Stats(workspace)
+        storage = Storage(settings.storage)
+        self.stats = Stats(workspace, storage)
         self._closing = anyio.Event()
         self._list_costs: dict[tuple[Any, ...], tuple[int, int]] = {}  # listing -> (tokens shown, kept out)
         self.llm = ModelEndpoint(settings.llm, workspace)
@@ -140,7 +141,7 @@ class Gateway:
             ),
             tokens=self.llm.tokens,
             window=self.window,
-            storage=Storage(settings.storage),
+            storage=storage,
             status_of=self._status,
         )
         self.own_tools: dict[str, PluginTool] = {}
@@ -604,7 +605,7 @@ class Gateway:
             return (
                 f"'{call.name}' was not called: {change} since it was first seen, and freeze_definitions is on, so "
                 "the gateway keeps serving the first definition and refuses the changed tool. If the change is "
-                f"expected, remove {self.routing.ledger.path} and restart the gateway."
+                f"expected, {self.routing.ledger.accept} and restart the gateway."
             )
         if (where := unencodable(call.arguments)) is not None:
             # a lone surrogate cannot be written to the upstream as UTF-8; sent, it would tear down the

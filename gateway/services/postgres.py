@@ -33,6 +33,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from gateway.services.search_index import Hit, IndexCalls, _row, query_terms
+from gateway.services.storage import StorageError
 
 K1, B = 1.2, 0.75  # FTS5's bm25 constants
 WEIGHTS = (1.0, 0.6)  # body, extra: as `SearchIndex.search` weighs them
@@ -40,10 +41,6 @@ MAX_LEXEME = 500  # PostgreSQL refuses lexemes over 2 KB; nobody searches for a 
 CANDIDATES = 2000  # rows ranked per search at most (those matching the most terms first)
 _TOKEN = re.compile(r"\w+")
 _CJK_ONE = re.compile(r"^[\u1100-\u11ff\u3040-\u30ff\u3130-\u318f\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]$")
-
-
-class StorageError(RuntimeError):
-    """The database cannot be reached or refused the schema; the message says what to check."""
 
 
 def fts_tokens(text: str) -> list[str]:
@@ -82,37 +79,75 @@ def _sqlite_to_pg(sql: str) -> str:
 
 class PgDatabase:
     """One connection whose `search_path` is one store's schema, with the calls the stores make of a
-    sqlite3 connection. Shared by the store's threads under its lock."""
+    sqlite3 connection. Shared by the store's threads under its lock. A connection the server dropped
+    (a restart, a failover) is made again for the next statement outside a transaction; a failure
+    becomes a `StorageError` that says what to check."""
 
     def __init__(self, dsn: str, schema: str):
-        self.schema = schema
-        self.conn = connect(dsn)
-        with self.conn.transaction():
+        self.dsn, self.schema = dsn, schema
+        self.depth = 0  # transactions open on this connection
+        self.conn = self._connect()
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        conn = connect(self.dsn)
+        with conn.transaction():
             # two replicas starting at once: one creates the schema, the other waits for it
-            self.conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"schema:{schema}",))
-            self.conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
-        self.conn.execute(f'SET search_path TO "{schema}"')
+            conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"schema:{self.schema}",))
+            conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
+        conn.execute(f'SET search_path TO "{self.schema}"')
+        return conn
+
+    def _run(self, work: Callable[[], Any]) -> Any:
+        try:
+            if self.conn.broken and not self.depth:
+                self.conn = self._connect()
+            return work()
+        except psycopg.OperationalError as exc:
+            if not self.conn.broken or self.depth:
+                raise StorageError(f"PostgreSQL: {_first_line(exc)}") from None
+            self.conn = self._connect()  # dropped between statements: once more on a new connection
+            try:
+                return work()
+            except psycopg.Error as again:
+                raise StorageError(f"PostgreSQL: {_first_line(again)}") from None
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
-        return self.conn.execute(_sqlite_to_pg(sql), tuple(params))  # type: ignore[arg-type]
+        return self._run(lambda: self.conn.execute(_sqlite_to_pg(sql), tuple(params)))  # type: ignore[arg-type]
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
-        with self.conn.cursor() as cur:
-            cur.executemany(_sqlite_to_pg(sql), list(rows))  # type: ignore[arg-type]
+        batch = list(rows)
+
+        def run() -> None:
+            with self.conn.cursor() as cur:
+                cur.executemany(_sqlite_to_pg(sql), batch)  # type: ignore[arg-type]
+
+        self._run(run)
 
     def executescript(self, script: str) -> None:
-        with self.conn.transaction():
-            self.conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"schema:{self.schema}",))
+        with self.transaction():
+            self.execute("SELECT pg_advisory_xact_lock(hashtextextended(?, 0))", (f"schema:{self.schema}",))
             for statement in filter(str.strip, script.split(";")):
-                self.conn.execute(_sqlite_to_pg(statement))  # type: ignore[arg-type]
+                self.execute(statement)
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
-        with self.conn.transaction():
-            yield
+        if self.conn.broken and not self.depth:
+            self.conn = self._connect()
+        self.depth += 1
+        try:
+            with self.conn.transaction():
+                yield
+        except psycopg.OperationalError as exc:
+            raise StorageError(f"PostgreSQL: {_first_line(exc)}") from None
+        finally:
+            self.depth -= 1
 
     def close(self) -> None:
         self.conn.close()
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def _tsquery(terms: Sequence[str]) -> str:

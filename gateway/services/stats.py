@@ -1,7 +1,7 @@
 """What passed through the gateway and what it kept out of the window, per server and tool.
 
 Every tool call (and every tools/list in catalog mode) becomes one row in `{workspace}/stats.db`
-(SQLite): calls, errors, bytes of the result, tokens returned to the host, tokens kept out of the
+(SQLite; on the PostgreSQL backend the table `ctx_usage.calls`, every replica's rows): calls, errors, bytes of the result, tokens returned to the host, tokens kept out of the
 window and by what (`offload`: the result's cost minus the fileRef's; `catalog`: the definitions
 behind the catalog minus its three meta-tools), and latency. Rows are buffered and written every
 few seconds in a worker thread, so a call never waits on the disk. The same figures are kept in
@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.services.files import move_aside
+from gateway.services.storage import Storage
 
 log = logging.getLogger("gateway.stats")
 
@@ -105,7 +106,12 @@ def damaged(exc: sqlite3.DatabaseError) -> bool:
     return "not a database" in str(exc) or "malformed" in str(exc)
 
 
-def connect(path: Path) -> sqlite3.Connection:
+def connect(path: Path, storage: Storage | None = None) -> Any:
+    """The figures' database: `path` (SQLite), or the shared one on the PostgreSQL backend (the same calls)."""
+    if storage is not None and storage.shared:
+        pg = storage.database("usage")
+        pg.executescript(SCHEMA)
+        return pg
     db = sqlite3.connect(path, timeout=5.0)
     db.execute("PRAGMA journal_mode=WAL")  # several gateways (one per host) may share a workspace
     db.execute("PRAGMA synchronous=NORMAL")
@@ -113,11 +119,18 @@ def connect(path: Path) -> sqlite3.Connection:
     return db
 
 
+def _write_rows(db: Any, rows: list[Row]) -> None:
+    with db.transaction() if hasattr(db, "transaction") else db:
+        db.executemany(f"INSERT INTO calls VALUES ({','.join('?' * len(COLUMNS))})", [r.values() for r in rows])
+        db.execute("DELETE FROM calls WHERE ts < ?", (time.time() - KEEP_DAYS * 86_400,))
+
+
 class Stats:
     """The recorder: `record` is cheap (memory); `flush` writes the buffered rows (call it off the loop)."""
 
-    def __init__(self, workspace: Path):
+    def __init__(self, workspace: Path, storage: Storage | None = None):
         self.path = workspace / "stats.db"
+        self.storage = storage
         self.pending: list[Row] = []
         self.by_key: dict[tuple[str, str, str], Totals] = defaultdict(Totals)  # (server, tool, via), since start
         self.by_session: OrderedDict[str, Totals] = OrderedDict()  # the most recent MAX_SESSIONS connections
@@ -152,7 +165,7 @@ class Stats:
                 aside = move_aside(self.path)
                 log.warning("%s is damaged (%s): moved to %s, a new one is started", self.path, exc, aside.name)
                 self._write(rows)
-        except (OSError, sqlite3.Error) as exc:  # a full disk or a damaged file: these rows are lost
+        except (OSError, sqlite3.Error, RuntimeError) as exc:  # a full disk, a damaged file, no database: lost
             if not self.failing:
                 log.warning("usage figures cannot be written to %s (%s); `stats` will miss them", self.path, exc)
             self.failing = str(exc)
@@ -163,11 +176,9 @@ class Stats:
 
     def _write(self, rows: list[Row]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        db = connect(self.path)
+        db = connect(self.path, self.storage)
         try:
-            with db:
-                db.executemany(f"INSERT INTO calls VALUES ({','.join('?' * len(COLUMNS))})", [r.values() for r in rows])
-                db.execute("DELETE FROM calls WHERE ts < ?", (time.time() - KEEP_DAYS * 86_400,))
+            _write_rows(db, rows)
         finally:
             db.close()
 
@@ -182,12 +193,16 @@ class Stats:
         return line + (f" ({how})" if how else "")
 
 
-def summary(path: Path, period: str = "all", now: float | None = None) -> dict[str, Any]:
-    """Figures per server and tool for `day`, `week` or `all`, and totals per period, from `stats.db`."""
-    if not path.is_file():
+def summary(
+    path: Path, period: str = "all", now: float | None = None, storage: Storage | None = None
+) -> dict[str, Any]:
+    """Figures per server and tool for `day`, `week` or `all`, and totals per period, from `stats.db` (or
+    from PostgreSQL, every replica's)."""
+    shared = storage is not None and storage.shared
+    if not shared and not path.is_file():
         return {"period": period, "totals": {p: _empty() for p in PERIODS}, "rows": []}
     now = time.time() if now is None else now
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
+    db = connect(path, storage) if shared else sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
     try:
         totals = {}
         for name, span in PERIODS.items():

@@ -20,6 +20,21 @@ if TYPE_CHECKING:
     from gateway.settings import StorageSettings
 
 
+class StorageError(RuntimeError):
+    """The database cannot be reached or refused a statement; the message says what to check."""
+
+
+def _postgres() -> Any:
+    """The PostgreSQL backend's module (it imports psycopg, an extra of its own)."""
+    try:
+        import gateway.services.postgres as postgres
+    except ImportError as exc:
+        raise StorageError(
+            f"[storage] backend = \"postgres\" needs psycopg ({exc}): pip install 'mcp-context-gateway[postgres]'"
+        ) from None
+    return postgres
+
+
 class Logs:
     """The append-only logs of one store of one namespace, by name (a memory session each)."""
 
@@ -31,9 +46,7 @@ class Logs:
         """A `JsonlLog` (`<folder>/<name>.jsonl`) or a `postgres.PgLog`: append, read, exists, touch, where."""
         if self._pg is None:
             return JsonlLog(self.folder / f"{name}.jsonl")
-        from gateway.services.postgres import PgLog
-
-        return PgLog(*self._pg, name)
+        return _postgres().PgLog(*self._pg, name)
 
     def close(self) -> None:
         if self._pg is not None:
@@ -42,9 +55,7 @@ class Logs:
     def names(self) -> list[str]:
         if self._pg is None:
             return sorted(p.stem for p in self.folder.glob("*.jsonl"))
-        from gateway.services.postgres import names
-
-        return names(*self._pg)
+        return _postgres().names(*self._pg)
 
 
 class Storage:
@@ -65,27 +76,28 @@ class Storage:
         """A `SearchIndex` in the SQLite file `path`, or a `postgres.PgSearchIndex` (the same calls)."""
         if not self.shared:
             return SearchIndex(path, table=table, columns=columns, schema=schema)
-        from gateway.services.postgres import PgSearchIndex, schema_name
-
-        return PgSearchIndex(self.dsn, schema_name(store, namespace), table, columns, schema)
+        postgres = _postgres()
+        return postgres.PgSearchIndex(self.dsn, postgres.schema_name(store, namespace), table, columns, schema)
 
     def logs(self, folder: Path, store: str, namespace: str) -> Logs:
         if not self.shared:
             folder.mkdir(parents=True, exist_ok=True)
             return Logs(folder)
-        from gateway.services.postgres import PgDatabase, PgLog, schema_name
-
-        db = PgDatabase(self.dsn, schema_name(store, namespace))
-        db.executescript(PgLog.schema())
+        db = self.database(store, namespace)
+        db.executescript(_postgres().PgLog.schema())
         return Logs(folder, (db, threading.RLock()))
 
+    def database(self, store: str, namespace: str = "") -> Any:
+        """A `postgres.PgDatabase` on the schema of one store (PostgreSQL backend only): SQLite's calls,
+        SQLite's `?` placeholders."""
+        postgres = _postgres()
+        return postgres.PgDatabase(self.dsn, postgres.schema_name(store, namespace))
+
     def check(self) -> str:
-        """One line on the backend for `inspect`; raises `postgres.StorageError` when it cannot be used."""
+        """One line on the backend for `inspect`; raises `StorageError` when it cannot be used."""
         if not self.shared:
             return "sqlite (files in the workspace)"
-        from gateway.services.postgres import connect
-
-        with connect(self.dsn) as conn:
+        with _postgres().connect(self.dsn) as conn:
             version = conn.execute("SHOW server_version").fetchone()
         return f"postgres {version[0] if version else '?'} at {_redacted(self.dsn)}"
 
