@@ -489,6 +489,11 @@ async def test_2026_host_answers_upstream_questions_by_multi_round_trip(tmp_path
     async with gateway.running(), Client(gateway.server) as client:
         with pytest.raises(MCPError, match="Invalid or expired requestState"):
             await client.session.call_tool("p__echo", {"text": "x"}, request_state="forged", allow_input_required=True)
+        # one another replica issued (a load balancer sent the retry here): said plainly, with what to do
+        with pytest.raises(MCPError, match=r"issued by another gateway process .* sticky per client"):
+            await client.session.call_tool(
+                "p__echo", {"text": "x"}, request_state="0badc0de.abcdefgh", allow_input_required=True
+            )
 
 
 def test_stderr_goes_to_per_server_log_and_children_stop_on_sigterm(tmp_path: Path) -> None:

@@ -9,7 +9,9 @@ background, its question becomes the `input_required` answer to the host's call,
 final result (or its next question) answers the retry.
 
 `requestState` is a random token naming an exchange held in memory: it reveals nothing, and a
-token that names no exchange of this namespace is refused.
+token that names no exchange of this namespace is refused. Its first part names the gateway process
+that holds the exchange (`REPLICA`), so a retry that a load balancer sent to another replica is told
+so plainly instead of "expired".
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ ANSWER_WAIT = 600.0  # how long a question waits for the host's retry; then the 
 KEEP_FINISHED = 60.0  # a result nobody came back for is dropped after this
 MAX_PER_NAMESPACE = 64  # open rounds one namespace (one token's callers) may hold
 MAX_EXCHANGES = 1024  # and all of them
+REPLICA = secrets.token_hex(4)  # this process, as the first part of every requestState it issues
 
 RESPONSE_TYPES: dict[str, type[BaseModel]] = {
     "elicitation/create": types.ElicitResult,
@@ -40,7 +43,7 @@ class Exchange:
     """One host call that an upstream may interrupt with questions."""
 
     def __init__(self, namespace: str):
-        self.token = secrets.token_urlsafe(18)
+        self.token = f"{REPLICA}.{secrets.token_urlsafe(18)}"
         self.namespace = namespace
         self._outcomes_in, self._outcomes = anyio.create_memory_object_stream[Outcome](8)
         self._asked: dict[str, tuple[str, anyio.Event]] = {}  # key -> (method, answered)
@@ -123,6 +126,13 @@ class Exchanges:
 
     def close(self, exchange: Exchange) -> None:
         self.open.pop(exchange.token, None)
+
+    @staticmethod
+    def elsewhere(token: str) -> bool:
+        """Whether a requestState was issued by another gateway process (a replica, or this one before a
+        restart): its round cannot be answered here."""
+        replica, dot, _ = token.partition(".")
+        return bool(dot) and replica != REPLICA
 
     def _evict(self, token: str) -> None:
         exchange = self.open.pop(token)

@@ -525,6 +525,13 @@ class Gateway:
     async def _resume(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> Any:
         """The retry of a call that answered `input_required`: its answers go to the waiting upstream."""
         exchange = self.exchanges.find(params.request_state or "", namespace_of(ctx))
+        if exchange is None and self.exchanges.elsewhere(params.request_state or ""):
+            raise MCPError(
+                types.INVALID_PARAMS,
+                "this requestState was issued by another gateway process (a replica behind the same address, or "
+                "this one before a restart), which holds the round: send the retry there (a load balancer sticky "
+                "per client does) or call the tool again without requestState",
+            )
         if exchange is None or exchange.call is None or exchange.call.name != params.name:
             raise MCPError(types.INVALID_PARAMS, "Invalid or expired requestState: call the tool again without it")
         if exchange.busy:  # one retry at a time: a second would wait for an outcome that goes to the first

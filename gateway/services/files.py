@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 from collections import OrderedDict
@@ -12,6 +13,30 @@ from typing import IO, Any, Generic, TypeVar
 
 T = TypeVar("T")
 FileVersion = tuple[str, int, int]
+# Replicas on other machines may share the workspace folder: a temp file names its writer by pid and host,
+# and one of another host (whose pids mean nothing here) is taken for left over only once it is this old
+FOREIGN_STALE_SECONDS = 3600.0
+_HOST = "".join(c for c in socket.gethostname() if c.isalnum())[:24] or "host"
+
+
+def writer_tag() -> str:
+    """This process, as temp and spill file names carry it (`<pid>~<host>`: no '.' or '-' in it)."""
+    return f"{os.getpid()}~{_HOST}"
+
+
+def writer_gone(tag: str, path: Path) -> bool:
+    """Whether the writer of a file named with `tag` is gone: on this host, its process has ended; on
+    another (a replica sharing the folder), the file has not changed for FOREIGN_STALE_SECONDS. A bare
+    pid is a file of this host (older gateways)."""
+    pid, _, host = tag.partition("~")
+    if not pid.isdigit():
+        return True
+    if host and host != _HOST:
+        try:
+            return time.time() - path.stat().st_mtime > FOREIGN_STALE_SECONDS
+        except OSError:
+            return False  # gone already
+    return int(pid) != os.getpid() and not process_alive(int(pid))
 
 
 def process_alive(pid: int) -> bool:
@@ -36,7 +61,7 @@ def atomic_write(path: Path, data: bytes | str | Callable[[IO[bytes]], Any], *, 
     new one, never a torn one. `data` may be a function that writes to the open binary file (for
     payloads produced piece by piece). A failed write removes its temp file. Returns the size written."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp = path.with_name(f".{path.name}.{writer_tag()}.{threading.get_ident()}.tmp")
     try:
         with open(tmp, "wb") as fh:
             if callable(data):

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.services import spill
-from gateway.services.files import atomic_write, process_alive
+from gateway.services.files import atomic_write, writer_gone
 
 ID_PATTERN = re.compile(r"^resp_[0-9a-f]{8}$")
 _SLICE = 1 << 20
@@ -246,9 +246,8 @@ class ResponseStore:
             return 0
         removed = 0
         for item in [*self.folder.glob(".*.tmp"), *self.folder.glob(".*.tmp.wal")]:
-            parts = item.name.removesuffix(".wal").rsplit(".", 3)  # .<name>.<pid>.<thread>.tmp
-            pid = int(parts[1]) if len(parts) == 4 and parts[1].isdigit() else 0
-            if pid and process_alive(pid):
+            parts = item.name.removesuffix(".wal").rsplit(".", 3)  # .<name>.<pid>~<host>.<thread>.tmp
+            if len(parts) == 4 and not writer_gone(parts[1], item):
                 continue
             item.unlink(missing_ok=True)
             removed += 1

@@ -35,7 +35,7 @@ from typing import IO, Any, BinaryIO
 
 import mcp_types as types
 
-from gateway.services.files import process_alive
+from gateway.services.files import writer_gone, writer_tag
 from gateway.services.tokens import SAMPLE_SLICE, SAMPLE_SLICES, estimate_tokens
 
 log = logging.getLogger(__name__)
@@ -499,8 +499,7 @@ class Spiller:
             return 0
         removed = 0
         for item in self.folder.iterdir():
-            pid = item.name.split("-", 1)[0]
-            if pid.isdigit() and (int(pid) == os.getpid() or process_alive(int(pid))):
+            if not writer_gone(item.name.split("-", 1)[0], item):
                 continue
             item.unlink(missing_ok=True)
             removed += 1
@@ -510,7 +509,7 @@ class Spiller:
         self.folder.mkdir(parents=True, exist_ok=True)
         with _lock:
             self._count += 1
-            return self.folder / f"{os.getpid()}-{self._count}{suffix}"
+            return self.folder / f"{writer_tag()}-{self._count}{suffix}"
 
     def read(self, spool: Path, skip: int = 0) -> Any:
         """The JSON value of a spooled line (after its first `skip` bytes: an SSE `data: ` prefix), long

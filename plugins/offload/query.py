@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import plugins.offload.table_json as table_json
-from gateway.services.files import VersionedCache
+from gateway.services.files import VersionedCache, writer_tag
 from plugins.offload.json_file import BrokenJSON
 from plugins.offload.tables import Table
 
@@ -60,7 +60,7 @@ def db_path(result: Path) -> Path:
 
 def _temp(result: Path, what: str) -> Path:
     """A temporary file of this process and thread (the store's start-up sweep keeps a live one)."""
-    return result.with_name(f".{result.name}.{what}.{os.getpid()}.{threading.get_ident()}.tmp")
+    return result.with_name(f".{result.name}.{what}.{writer_tag()}.{threading.get_ident()}.tmp")
 
 
 class _Worker:

@@ -2,6 +2,7 @@
 
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,21 @@ def test_concurrent_callers_share_one_computation(tmp_path: Path) -> None:
     first.join(5)
     second.join(5)
     assert results == [42, 42] and len(calls) == 1
+
+
+def test_temp_files_of_a_replica_on_another_host_are_left_until_stale(tmp_path: Path) -> None:
+    """Replicas on several machines share the workspace folder: a pid of another host means nothing here,
+    so its temp file is taken for left over only once it has not changed for an hour."""
+    from gateway.services.files import FOREIGN_STALE_SECONDS, writer_gone, writer_tag
+
+    mine, dead_here = tmp_path / "mine", tmp_path / "dead"
+    elsewhere, old_elsewhere = tmp_path / "elsewhere", tmp_path / "old"
+    for path in (mine, dead_here, elsewhere, old_elsewhere):
+        path.write_bytes(b"x")
+    hour_ago = time.time() - FOREIGN_STALE_SECONDS - 5
+    os.utime(old_elsewhere, (hour_ago, hour_ago))
+    assert not writer_gone(writer_tag(), mine)
+    assert writer_gone(f"999999999~{writer_tag().split('~')[1]}", dead_here)
+    assert writer_gone("999999999", dead_here)  # an older gateway's name: a pid of this host
+    assert not writer_gone(f"{os.getpid()}~otherhost", elsewhere)  # live, for all we can tell
+    assert writer_gone("12~otherhost", old_elsewhere)
