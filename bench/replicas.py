@@ -184,7 +184,7 @@ def stdlib_markdown(mb: int) -> str:
     """This Python's standard library sources as one Markdown document, a heading per module, to `mb` MB."""
     parts, size = [], 0
     for path in sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py")):
-        if "test" in path.parts or "site-packages" in path.parts:
+        if "site-packages" in path.parts:
             continue
         body = path.read_text(encoding="utf-8", errors="replace")
         parts.append(f"# {path.name}\n\n```python\n{body}\n```\n")

@@ -24,7 +24,6 @@ import math
 import re
 import threading
 import unicodedata
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -39,6 +38,7 @@ K1, B = 1.2, 0.75  # FTS5's bm25 constants
 WEIGHTS = (1.0, 0.6)  # body, extra: as `SearchIndex.search` weighs them
 MAX_LEXEME = 500  # PostgreSQL refuses lexemes over 2 KB; nobody searches for a token this long
 CANDIDATES = 2000  # rows ranked per search at most (those matching the most terms first)
+MAX_POSITION, MAX_POSITIONS = 16383, 256  # what a tsvector keeps of a lexeme's places
 _TOKEN = re.compile(r"\w+")
 _CJK_ONE = re.compile(r"^[\u1100-\u11ff\u3040-\u30ff\u3130-\u318f\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]$")
 
@@ -152,15 +152,23 @@ def _first_line(exc: BaseException) -> str:
 
 def _tsquery(terms: Sequence[str]) -> str:
     """A tsquery of the terms as lexemes (never parsed: nothing in them is syntax), OR-ed."""
-    out = []
-    for term in terms:
-        quoted = "'" + term.replace("\\", "\\\\").replace("'", "''") + "'"
-        out.append(quoted + ":*" if _CJK_ONE.match(term) else quoted)
-    return " | ".join(out)
+    return " | ".join(_quoted(t) + (":*" if _CJK_ONE.match(t) else "") for t in terms)
 
 
-def _lexemes(*texts: str) -> list[str]:
-    return sorted({t for text in texts for t in fts_tokens(text) if len(t) <= MAX_LEXEME})
+def _quoted(lexeme: str) -> str:
+    return "'" + lexeme.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+def _vector(body: list[str], extra: list[str]) -> str:
+    """A tsvector (as text) of both columns' tokens: each token's positions, weight A in the body and B in
+    `extra`, so a search reads each term's count per column without the text. PostgreSQL keeps at most
+    256 positions of a lexeme, the last ones at 16,383: counts that high add nothing to BM25 anyway."""
+    places: dict[str, list[str]] = {}
+    for weight, tokens, start in (("A", body, 1), ("B", extra, len(body) + 1)):
+        for i, token in enumerate(tokens, start):
+            if len(token) <= MAX_LEXEME:
+                places.setdefault(token, []).append(f"{min(i, MAX_POSITION)}{weight}")
+    return " ".join(f"{_quoted(t)}:{','.join(p[:MAX_POSITIONS])}" for t, p in places.items())
 
 
 class PgSearchIndex(IndexCalls):
@@ -184,12 +192,14 @@ class PgSearchIndex(IndexCalls):
 
     def insert(self, rows: Iterable[tuple[Any, ...]]) -> None:
         cols = ", ".join(["key", *self.columns, "body", "extra", "body_tokens", "extra_tokens", "tsv"])
-        marks = ", ".join(["?"] * (len(self.columns) + 5) + ["array_to_tsvector(?::text[])"])
+        marks = ", ".join(["?"] * (len(self.columns) + 5) + ["?::tsvector"])
 
         def made() -> Iterator[tuple[Any, ...]]:
             for row in rows:
                 key, *values, body, extra = _row(*row)
-                yield (key, *values, body, extra, len(fts_tokens(body)), len(fts_tokens(extra)), _lexemes(body, extra))
+                body_tokens, extra_tokens = fts_tokens(body), fts_tokens(extra)
+                vector = _vector(body_tokens, extra_tokens)
+                yield (key, *values, body, extra, len(body_tokens), len(extra_tokens), vector)
 
         with self.lock:
             self.db.executemany(f"INSERT INTO {self.table} ({cols}) VALUES ({marks})", made())
@@ -213,19 +223,33 @@ class PgSearchIndex(IndexCalls):
         condition = f" AND {where}" if where else ""
         tsquery = _tsquery(terms)
         counts = ", ".join("count(*) FILTER (WHERE tsv @@ ?::tsquery)" for _ in terms)
+        exact = [t for t in terms if not _CJK_ONE.match(t)]
+        prefixes = [t + "%" for t in terms if _CJK_ONE.match(t)]
         with self.lock:
             stats = self.db.execute(
                 f"SELECT count(*), coalesce(avg(body_tokens + extra_tokens), 0), {counts} FROM {self.table}",
                 [_tsquery([t]) for t in terms],
             ).fetchone()
-            rows = self.db.execute(
-                f"SELECT key, body, extra, body_tokens + extra_tokens FROM {self.table} "
-                f"WHERE tsv @@ ?::tsquery{condition} ORDER BY ts_rank(tsv, ?::tsquery) DESC LIMIT ?",
-                (tsquery, *params, tsquery, CANDIDATES),
+            # each matching row's places of each term (from its vector: the text is never read back)
+            places = self.db.execute(
+                f"WITH hits AS (SELECT key, body_tokens + extra_tokens AS length, tsv FROM {self.table} "
+                f"WHERE tsv @@ ?::tsquery{condition} ORDER BY ts_rank(tsv, ?::tsquery) DESC LIMIT ?) "
+                "SELECT key, length, lexeme, weights FROM hits, unnest(tsv) "
+                "WHERE lexeme = ANY(?::text[]) OR lexeme LIKE ANY(?::text[])",
+                (tsquery, *params, tsquery, CANDIDATES, exact, prefixes),
             ).fetchall()
         total, avgdl, hits = stats[0], float(stats[1]) or 1.0, stats[2:]
-        idf = [max(math.log((total - n + 0.5) / (n + 0.5)), 1e-6) for n in hits]
-        scored = [(key, _bm25(terms, idf, body, extra, length, avgdl)) for key, body, extra, length in rows]
+        idf = {t: max(math.log((total - n + 0.5) / (n + 0.5)), 1e-6) for t, n in zip(terms, hits, strict=True)}
+        freq: dict[str, dict[str, float]] = {}
+        lengths: dict[str, int] = {}
+        for key, length, lexeme, weights in places:
+            lengths[key] = length
+            row = freq.setdefault(key, {})
+            hits_here = sum(WEIGHTS[0] if w == "A" else WEIGHTS[1] for w in weights)
+            for term in terms:
+                if lexeme == term or (_CJK_ONE.match(term) and lexeme.startswith(term)):
+                    row[term] = row.get(term, 0.0) + hits_here
+        scored = [(key, _bm25(idf, row, lengths[key], avgdl)) for key, row in freq.items()]
         scored.sort(key=lambda s: -s[1])
         return [Hit(key, score) for key, score in scored[:limit]]
 
@@ -234,18 +258,10 @@ class PgSearchIndex(IndexCalls):
             self.db.close()
 
 
-def _bm25(terms: Sequence[str], idf: Sequence[float], body: str, extra: str, length: int, avgdl: float) -> float:
-    """FTS5's bm25() for one row: per term, the weighted hits in each column against the row's length."""
-    freq = [0.0] * len(terms)
-    for weight, text in zip(WEIGHTS, (body, extra), strict=True):
-        counted = Counter(fts_tokens(text))
-        for i, term in enumerate(terms):
-            if _CJK_ONE.match(term):  # a one-character CJK term matches as a prefix
-                freq[i] += weight * sum(n for token, n in counted.items() if token.startswith(term))
-            else:
-                freq[i] += weight * counted.get(term, 0)
+def _bm25(idf: dict[str, float], freq: dict[str, float], length: int, avgdl: float) -> float:
+    """FTS5's bm25() for one row: per term, its weighted hits in the row's columns against the row's length."""
     norm = K1 * (1 - B + B * length / avgdl)
-    return sum(w * (f * (K1 + 1)) / (f + norm) for w, f in zip(idf, freq, strict=True) if f)
+    return sum(idf[t] * (f * (K1 + 1)) / (f + norm) for t, f in freq.items() if f)
 
 
 class PgLog:
