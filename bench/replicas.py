@@ -126,7 +126,17 @@ def _ms(work: list[float]) -> str:
 
 def stores(tmp: Path, dsn: str, notes: int, doc_mb: int) -> list[list[str]]:
     text = stdlib_markdown(doc_mb)
-    rows = [["backend", f"write {notes:,} notes", "recall p50", f"ingest {len(text) / 2**20:.0f} MB", "search p50"]]
+    rows = [
+        [
+            "backend",
+            f"write {notes:,} notes",
+            "recall p50",
+            f"ingest {len(text) / 2**20:.0f} MB",
+            "search p50",
+            "same top 5 as SQLite",
+        ]
+    ]
+    tops: dict[str, list[list[str]]] = {}
     backends = {"sqlite": Storage(), "postgres": Storage(StorageSettings(backend="postgres", dsn=dsn))}
     for name, storage in backends.items():
         folder = tmp / f"stores-{name}"
@@ -162,7 +172,15 @@ def stores(tmp: Path, dsn: str, notes: int, doc_mb: int) -> list[list[str]]:
             t = time.perf_counter()
             store.index.search(query, 15)
             search.append(time.perf_counter() - t)
-        rows.append([name, f"{wrote:.1f} s", _ms(recall), f"{ingest:.1f} s", _ms(search)])
+        # the top 5 as (key, score): the same keys in the same order, or at least the same scores (notes
+        # that differ only by a number score alike, and ties come in any order)
+        tops[name] = [[(key, round(score, 2)) for key, score in index.search(session, q, 5)] for q in QUERIES]
+        tops[name] += [[(h.key, round(h.score, 2)) for h in store.index.search(q, 5)] for q in DOC_QUERIES]
+        pairs = list(zip(tops[name], tops["sqlite"], strict=True))
+        keys = sum(a == b for a, b in pairs)
+        scores = sum([s for _, s in a] == [s for _, s in b] for a, b in pairs)
+        agreed = f"{keys} of {len(pairs)} (scores: {scores})"
+        rows.append([name, f"{wrote:.1f} s", _ms(recall), f"{ingest:.1f} s", _ms(search), agreed])
         index.index.close()
         store.index.close()
     return rows
@@ -198,14 +216,15 @@ def main(clients: int, calls: int, notes: int, doc_mb: int) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="ctx-bench-replicas-"))
     dsn = postgres(tmp)
     print(f"{clients} clients x {calls} calls over Streamable HTTP, gateways on PostgreSQL and one shared folder\n")
-    print(table(throughput(tmp, dsn, clients, calls)))
+    if clients:
+        print(table(throughput(tmp, dsn, clients, calls)))
     print("\nthe stores alone (this process, one connection each)\n")
     print(table(stores(tmp, dsn, notes, doc_mb)))
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--clients", type=int, default=16, help="0: the stores alone")
     parser.add_argument("--calls", type=int, default=100)
     parser.add_argument("--notes", type=int, default=10_000)
     parser.add_argument("--doc-mb", type=int, default=30)

@@ -37,7 +37,7 @@ from gateway.services.storage import StorageError
 K1, B = 1.2, 0.75  # FTS5's bm25 constants
 WEIGHTS = (1.0, 0.6)  # body, extra: as `SearchIndex.search` weighs them
 MAX_LEXEME = 500  # PostgreSQL refuses lexemes over 2 KB; nobody searches for a token this long
-CANDIDATES = 2000  # rows ranked per search at most (those matching the most terms first)
+CANDIDATES = 500  # rows ranked per search at most (the best by ts_rank; ranking each costs its vector)
 MAX_POSITION, MAX_POSITIONS = 16383, 256  # what a tsvector keeps of a lexeme's places
 _TOKEN = re.compile(r"\w+")
 _CJK_ONE = re.compile(r"^[\u1100-\u11ff\u3040-\u30ff\u3130-\u318f\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]$")
@@ -187,6 +187,10 @@ class PgSearchIndex(IndexCalls):
             "body_tokens INTEGER, extra_tokens INTEGER, tsv TSVECTOR);"
             f"CREATE INDEX IF NOT EXISTS {table}_tsv ON {table} USING GIN (tsv);"
             + "".join(f"CREATE INDEX IF NOT EXISTS {table}_{c} ON {table} ({c});" for c in self.columns)
+            # BM25's statistics of the whole table, kept with every change (a scan took most of a search)
+            + f"CREATE TABLE IF NOT EXISTS {table}_totals (id INTEGER PRIMARY KEY, rows BIGINT, tokens BIGINT);"
+            + f"INSERT INTO {table}_totals SELECT 1, count(*), coalesce(sum(body_tokens + extra_tokens), 0) "
+            + f"FROM {table} ON CONFLICT DO NOTHING;"
             + script
         )
 
@@ -194,15 +198,40 @@ class PgSearchIndex(IndexCalls):
         cols = ", ".join(["key", *self.columns, "body", "extra", "body_tokens", "extra_tokens", "tsv"])
         marks = ", ".join(["?"] * (len(self.columns) + 5) + ["?::tsvector"])
 
+        added = [0, 0]  # rows, tokens
+
         def made() -> Iterator[tuple[Any, ...]]:
             for row in rows:
                 key, *values, body, extra = _row(*row)
                 body_tokens, extra_tokens = fts_tokens(body), fts_tokens(extra)
-                vector = _vector(body_tokens, extra_tokens)
-                yield (key, *values, body, extra, len(body_tokens), len(extra_tokens), vector)
+                added[0] += 1
+                added[1] += len(body_tokens) + len(extra_tokens)
+                yield (
+                    key,
+                    *values,
+                    body,
+                    extra,
+                    len(body_tokens),
+                    len(extra_tokens),
+                    _vector(body_tokens, extra_tokens),
+                )
 
-        with self.lock:
+        with self.lock, self.db.transaction():
             self.db.executemany(f"INSERT INTO {self.table} ({cols}) VALUES ({marks})", made())
+            self._count(*added)
+
+    def _count(self, rows: int, tokens: int) -> None:
+        if rows:
+            self.db.execute(
+                f"UPDATE {self.table}_totals SET rows = rows + ?, tokens = tokens + ? WHERE id = 1", (rows, tokens)
+            )
+
+    def delete(self, where: str, params: Sequence[object] = ()) -> None:
+        with self.lock, self.db.transaction():
+            gone = self.db.execute(
+                f"DELETE FROM {self.table} WHERE {where} RETURNING body_tokens + extra_tokens", params
+            ).fetchall()
+            self._count(-len(gone), -sum(n for (n,) in gone))
 
     @contextmanager
     def transaction(self, bulk: bool = False) -> Iterator[None]:
@@ -222,12 +251,13 @@ class PgSearchIndex(IndexCalls):
             return []
         condition = f" AND {where}" if where else ""
         tsquery = _tsquery(terms)
-        counts = ", ".join("count(*) FILTER (WHERE tsv @@ ?::tsquery)" for _ in terms)
+        # each term's row count from the GIN index, one term at a time (a filter over all rows read them all)
+        counts = ", ".join(f"(SELECT count(*) FROM {self.table} WHERE tsv @@ ?::tsquery)" for _ in terms)
         exact = [t for t in terms if not _CJK_ONE.match(t)]
         prefixes = [t + "%" for t in terms if _CJK_ONE.match(t)]
         with self.lock:
             stats = self.db.execute(
-                f"SELECT count(*), coalesce(avg(body_tokens + extra_tokens), 0), {counts} FROM {self.table}",
+                f"SELECT rows, tokens::float8 / greatest(rows, 1), {counts} FROM {self.table}_totals WHERE id = 1",
                 [_tsquery([t]) for t in terms],
             ).fetchone()
             # each matching row's places of each term (from its vector: the text is never read back)

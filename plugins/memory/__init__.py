@@ -190,9 +190,7 @@ class MemoryPlugin(Plugin):
 
     async def open(self, args: Args, call: ToolCall) -> dict[str, Any]:
         session = await anyio.to_thread.run_sync(self._session, args.raw["session_id"], call.namespace)
-        created = not session.exists
-        if created:
-            session.log.touch()  # an opened session exists: status and recall know it by name
+        created = await anyio.to_thread.run_sync(self._create, session)
         active = session.active()
         pinned = [e.view() for e in active if e.pinned]
         return {
@@ -205,21 +203,32 @@ class MemoryPlugin(Plugin):
             "log": session.log.where,
         }
 
+    @staticmethod
+    def _create(session: Session) -> bool:
+        """Whether the session is new; an opened session exists: status and recall know it by name."""
+        if session.exists:
+            return False
+        session.log.touch()
+        return True
+
     async def append(self, args: Args, call: ToolCall) -> dict[str, Any]:
         text = args.str("text", required=True, max_len=MAX_TEXT)
         pinned = args.bool("pinned", False)
-        session = self._session(args.raw["session_id"], call.namespace)
+        session = await anyio.to_thread.run_sync(self._session, args.raw["session_id"], call.namespace)
         entry = await anyio.to_thread.run_sync(session.append_entry, text, pinned)
         return {"id": entry.id, "tokens": entry.tokens, "pinned": pinned, **self._usage(session, call.session_id)}
 
     async def status_tool(self, args: Args, call: ToolCall) -> dict[str, Any]:
         assert self.ctx is not None
         session = await anyio.to_thread.run_sync(self._session, args.raw["session_id"], call.namespace)
+        unknown = await anyio.to_thread.run_sync(
+            lambda: None if session.exists else self._unknown(session.id, call.namespace)
+        )
         active = session.active()
         out: dict[str, Any] = {
             "session_id": session.id,
             # the gateway's figures are worth asking for before any note: an unknown name is said, not refused
-            **({} if session.exists else {"note": self._unknown(session.id, call.namespace)}),
+            **({"note": unknown} if unknown else {}),
             **self._usage(session, call.session_id),
             "entries": len(active),
             "pinned": sum(e.pinned for e in active),
@@ -238,7 +247,7 @@ class MemoryPlugin(Plugin):
         keep_recent = args.int("keep_recent", 5, lo=0, hi=10_000)
         target = args.int("target_tokens", max(200, self._budget(call.session_id) // 4), lo=50, hi=100_000)
         dry_run = args.bool("dry_run", False)
-        session = self._existing(args.raw["session_id"], call.namespace)
+        session = await anyio.to_thread.run_sync(self._existing, args.raw["session_id"], call.namespace)
         active = session.active()
         candidates = [e for e in active if not e.pinned]
         fold = candidates[: max(0, len(candidates) - keep_recent)]
@@ -317,7 +326,7 @@ class MemoryPlugin(Plugin):
     async def recall(self, args: Args, call: ToolCall) -> dict[str, Any]:
         text = args.str("query", "", max_len=2000) or ""
         max_tokens = args.int("max_tokens", self._budget(call.session_id), lo=50, hi=1_000_000)
-        session = self._existing(args.raw["session_id"], call.namespace)
+        session = await anyio.to_thread.run_sync(self._existing, args.raw["session_id"], call.namespace)
         active = session.active()
         query = Query.of(text)
         out: dict[str, Any] = {"session_id": session.id, "pinned": [], "matches": []}
