@@ -297,8 +297,11 @@ def postgres_dsn(postgres_server: str, request: pytest.FixtureRequest) -> Iterat
     with psycopg.connect(postgres_server, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     yield re.sub(r"/postgres\?", f"/{name}?", postgres_server)
-    with psycopg.connect(postgres_server, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    try:
+        with psycopg.connect(postgres_server, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    except psycopg.OperationalError as exc:  # the server went away: the test said so already, if it mattered
+        print(f"the test database {name} could not be dropped: {exc}", file=sys.stderr)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

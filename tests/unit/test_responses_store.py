@@ -63,3 +63,33 @@ def test_the_open_command_names_the_hosts_side_of_a_bind_mount(tmp_path: Path) -
         store = ResponseStore(folder, seen_on_host(host, workspace, folder))
         assert store.open_command(folder / "x-1.json") == expected
     assert ResponseStore(folder).open_command(folder / "x-1.json").endswith(str(folder / "x-1.json"))
+
+
+def test_two_replicas_sweeping_one_shared_folder_at_once(tmp_path: Path) -> None:
+    """Replicas share the workspace folder and each sweeps old results at start: run together, they
+    remove every old file between them, keep every new one, and neither fails on a file the other took."""
+    import threading
+    import time
+
+    a, b = ResponseStore(tmp_path), ResponseStore(tmp_path)
+    old = [a.save_text(f"old{i}", "x" * 100, "text").path for i in range(300)]
+    hour_ago = time.time() - 7200
+    for path in old:
+        os.utime(path, (hour_ago, hour_ago))
+    new = [b.save_text(f"new{i}", "y", "text").path for i in range(20)]
+    removed: list[int] = []
+    errors: list[BaseException] = []
+
+    def sweep(store: ResponseStore) -> None:
+        try:
+            removed.append(store.remove_older_than(1))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=sweep, args=(s,)) for s in (a, b, a, b)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors and sum(removed) == len(old)  # each file counted once, by whoever took it
+    assert not any(p.exists() for p in old) and all(p.exists() for p in new)
