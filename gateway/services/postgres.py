@@ -110,6 +110,8 @@ class PgDatabase:
                 return work()
             except psycopg.Error as again:
                 raise StorageError(f"PostgreSQL: {_first_line(again)}") from None
+        except psycopg.Error as exc:  # refused (a constraint, a full disk): said in one line
+            raise StorageError(f"PostgreSQL: {_first_line(exc)}") from None
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
         return self._run(lambda: self.conn.execute(_sqlite_to_pg(sql), tuple(params)))  # type: ignore[arg-type]

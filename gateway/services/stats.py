@@ -1,8 +1,8 @@
 """What passed through the gateway and what it kept out of the window, per server and tool.
 
 Every tool call (and every tools/list in catalog mode) becomes one row in `{workspace}/stats.db`
-(SQLite; on the PostgreSQL backend the table `ctx_usage.calls`, every replica's rows): calls, errors, bytes of the result, tokens returned to the host, tokens kept out of the
-window and by what (`offload`: the result's cost minus the fileRef's; `catalog`: the definitions
+(SQLite; on the PostgreSQL backend the table `ctx_usage.calls`, every replica's rows): calls, errors,
+bytes of the result, tokens returned to the host, tokens kept out of the window and by what (`offload`: the result's cost minus the fileRef's; `catalog`: the definitions
 behind the catalog minus its three meta-tools), and latency. Rows are buffered and written every
 few seconds in a worker thread, so a call never waits on the disk. The same figures are kept in
 memory since start, for `/metrics` and for each session's line in `context_status`.
@@ -131,6 +131,7 @@ class Stats:
     def __init__(self, workspace: Path, storage: Storage | None = None):
         self.path = workspace / "stats.db"
         self.storage = storage
+        self._pg: Any = None  # the PostgreSQL backend's connection, once written to
         self.pending: list[Row] = []
         self.by_key: dict[tuple[str, str, str], Totals] = defaultdict(Totals)  # (server, tool, via), since start
         self.by_session: OrderedDict[str, Totals] = OrderedDict()  # the most recent MAX_SESSIONS connections
@@ -175,8 +176,13 @@ class Stats:
             self.failing = ""
 
     def _write(self, rows: list[Row]) -> None:
+        if self.storage is not None and self.storage.shared:  # one connection, kept (it reconnects itself)
+            if self._pg is None:
+                self._pg = connect(self.path, self.storage)
+            _write_rows(self._pg, rows)
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        db = connect(self.path, self.storage)
+        db = connect(self.path)
         try:
             _write_rows(db, rows)
         finally:
