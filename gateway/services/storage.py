@@ -30,7 +30,8 @@ def _postgres() -> Any:
         import gateway.services.postgres as postgres
     except ImportError as exc:
         raise StorageError(
-            f"[storage] backend = \"postgres\" needs psycopg ({exc}): pip install 'mcp-context-gateway[postgres]'"
+            f'[storage] backend = "postgres" needs psycopg ({exc}): install the extra `postgres` '
+            '(pip install -e ".[postgres]" in a checkout) or pip install "psycopg[binary]"'
         ) from None
     return postgres
 
