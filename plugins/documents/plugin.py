@@ -21,7 +21,7 @@ from gateway.args import Args, ToolInputError
 from gateway.handlers import guarded, integer, tool
 from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall
 from gateway.services.responses import ID_PATTERN, StoreError, saved_kind
-from gateway.services.storage import Storage
+from gateway.services.storage import Storage, StorageError
 from gateway.settings import expand_vars
 from plugins.documents.chunker import chunk_batches, index_text, kind_of
 
@@ -250,7 +250,7 @@ class DocumentsPlugin(Plugin):
 
     def tools(self) -> list[PluginTool]:
         doc = {"doc_id": {"type": "string", "description": "from doc_ingest/doc_list, or an offloaded resp_ id"}}
-        handle = lambda fn: guarded(fn, (IngestError, StoreError))  # noqa: E731
+        handle = lambda fn: guarded(fn, (IngestError, StoreError, StorageError))  # noqa: E731
         return [
             tool(
                 "doc_ingest",

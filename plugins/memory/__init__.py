@@ -20,7 +20,7 @@ from gateway.args import Args
 from gateway.handlers import guarded, integer, tool
 from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall
 from gateway.services.model_endpoint import LLMUnavailable
-from gateway.services.storage import Logs
+from gateway.services.storage import Logs, StorageError
 from gateway.services.tokens import estimate_tokens
 from plugins.memory.gate import check, with_coverage
 from plugins.memory.guide import GUIDE
@@ -183,7 +183,7 @@ class MemoryPlugin(Plugin):
             async with self._locks.setdefault(f"{call.namespace}/{sid}", anyio.Lock()):  # one session: one at a time
                 return await fn(args, call)
 
-        return guarded(locked, (SessionError,))
+        return guarded(locked, (SessionError, StorageError))
 
     async def _guide(self, call: ToolCall) -> types.CallToolResult:
         return types.CallToolResult(content=[types.TextContent(text=GUIDE)])
