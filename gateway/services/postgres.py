@@ -6,8 +6,8 @@ one PostgreSQL schema here, so the stores' own SQL runs on either engine: `PgDat
 
 - `PgSearchIndex` is `SearchIndex` on PostgreSQL. Each row keeps its text, its `extra` column (the same
   identifier splits and CJK bigrams) and a `tsvector` of the tokens SQLite's FTS5 would make of both,
-  under a GIN index; a search takes the rows whose vector matches any query term, then ranks them with
-  FTS5's own BM25 (same weights, same statistics of the whole table), so both backends give the same
+  under a GIN index; a search takes the rows whose vector matches any query term (the best CANDIDATES by
+  `ts_rank`), then ranks them with FTS5's own BM25 (same weights, same statistics of the whole table), so both backends give the same
   top results on the same data.
 - `PgLog` is `JsonlLog` on PostgreSQL: an append-only table, appends of one log serialized by an
   advisory lock held to the commit (ids are assigned under it and never reused), every acknowledged
@@ -34,6 +34,7 @@ from psycopg.types.json import Jsonb
 
 from gateway.services.search_index import Hit, IndexCalls, _row, query_terms
 from gateway.services.storage import StorageError
+from gateway.services.text import CJK_CLASS
 
 K1, B = 1.2, 0.75  # FTS5's bm25 constants
 WEIGHTS = (1.0, 0.6)  # body, extra: as `SearchIndex.search` weighs them
@@ -41,7 +42,7 @@ MAX_LEXEME = 500  # PostgreSQL refuses lexemes over 2 KB; nobody searches for a 
 CANDIDATES = 500  # rows ranked per search at most (the best by ts_rank; ranking each costs its vector)
 MAX_POSITION, MAX_POSITIONS = 16383, 256  # what a tsvector keeps of a lexeme's places
 _TOKEN = re.compile(r"\w+")
-_CJK_ONE = re.compile(r"^[\u1100-\u11ff\u3040-\u30ff\u3130-\u318f\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]$")
+_CJK_ONE = re.compile(f"^[{CJK_CLASS}]$")  # a one-character CJK term matches as a prefix, as in FTS5
 
 
 def fts_tokens(text: str) -> list[str]:
