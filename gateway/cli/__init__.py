@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
 
     warnings.filterwarnings("ignore", category=MCPDeprecationWarning)
     from gateway.pipeline import PluginError
-    from gateway.services.storage import StorageError
+    from gateway.services.storage_error import StorageError
 
     try:
         if args.command == "import":

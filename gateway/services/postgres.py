@@ -33,7 +33,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from gateway.services.search_index import Hit, IndexCalls, _row, query_terms
-from gateway.services.storage import StorageError
+from gateway.services.storage_error import StorageError
 from gateway.services.text import CJK_CLASS
 
 K1, B = 1.2, 0.75  # FTS5's bm25 constants

@@ -15,13 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.services.jsonl_log import JsonlLog
 from gateway.services.search_index import SearchIndex
+from gateway.services.storage_error import StorageError
 
 if TYPE_CHECKING:
     from gateway.settings import StorageSettings
-
-
-class StorageError(RuntimeError):
-    """The database cannot be reached or refused a statement; the message says what to check."""
 
 
 def _postgres() -> Any:

@@ -21,7 +21,8 @@ from gateway.args import Args, ToolInputError
 from gateway.handlers import guarded, integer, tool
 from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall
 from gateway.services.responses import ID_PATTERN, StoreError, saved_kind
-from gateway.services.storage import Storage, StorageError
+from gateway.services.storage import Storage
+from gateway.services.storage_error import StorageError
 from gateway.settings import expand_vars
 from plugins.documents.chunker import chunk_batches, index_text, kind_of
 

@@ -20,7 +20,8 @@ from gateway.args import Args
 from gateway.handlers import guarded, integer, tool
 from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall
 from gateway.services.model_endpoint import LLMUnavailable
-from gateway.services.storage import Logs, StorageError
+from gateway.services.storage import Logs
+from gateway.services.storage_error import StorageError
 from gateway.services.tokens import estimate_tokens
 from plugins.memory.gate import check, with_coverage
 from plugins.memory.guide import GUIDE
