@@ -64,6 +64,25 @@ async def run(url: str, clients: int, calls: int) -> tuple[float, list[float], l
     return time.perf_counter() - start, latencies, failures
 
 
+HEADER = ["path", "calls", "wall", "calls/s", "p50", "p99", "lost or failed"]
+
+
+def measured(label: str, url: str, clients: int, calls: int) -> list[str]:
+    """One `run` against `url`, as a row under HEADER (its first failures printed)."""
+    wall, latencies, failures = anyio.run(run, url, clients, calls)
+    for failure in failures[:5]:
+        print("  ", label, failure)
+    return [
+        label,
+        str(len(latencies)),
+        f"{wall:.1f} s",
+        f"{len(latencies) / wall:.0f}",
+        f"{pct(latencies, 0.5) * 1000:.1f} ms",
+        f"{pct(latencies, 0.99) * 1000:.1f} ms",
+        str(clients * calls - len(latencies) + len(failures)),
+    ]
+
+
 def main(clients: int, calls: int) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="ctx-bench-concurrency-"))
     upstream_port, gateway_port, relay_port = free_port(), free_port(), free_port()
@@ -87,28 +106,14 @@ def main(clients: int, calls: int) -> None:
         relay = [sys.executable, str(Path(__file__).resolve().parent / "http_relay.py"), str(relay_port), upstream_url]
         procs.append(subprocess.Popen(relay, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         wait_listening(relay_url, procs[2])
-        rows = [["path", "calls", "wall", "calls/s", "p50", "p99", "lost or failed"]]
+        rows = [HEADER]
         paths = (
             ("direct", upstream_url),
             ("gateway (all plugins)", gateway_url),
             ("HTTP relay (uvicorn + httpx, nothing parsed)", relay_url),
         )
         for label, url in paths:
-            wall, latencies, failures = anyio.run(run, url, clients, calls)
-            lost = clients * calls - len(latencies) + len(failures)
-            rows.append(
-                [
-                    label,
-                    str(len(latencies)),
-                    f"{wall:.1f} s",
-                    f"{len(latencies) / wall:.0f}",
-                    f"{pct(latencies, 0.5) * 1000:.1f} ms",
-                    f"{pct(latencies, 0.99) * 1000:.1f} ms",
-                    str(lost),
-                ]
-            )
-            for failure in failures[:5]:
-                print("  ", label, failure)
+            rows.append(measured(label, url, clients, calls))
         print(f"{clients} clients x {calls} calls, each client its own MCP session over Streamable HTTP\n")
         print(table(rows))
     finally:

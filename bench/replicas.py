@@ -28,13 +28,11 @@ import time
 import warnings
 from pathlib import Path
 
-import anyio
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import pct, table
-from concurrency import run
+from common import table
+from concurrency import HEADER, measured
 from conftest import PROBE, free_port, wait_listening
 
 from gateway.services.storage import Storage
@@ -70,7 +68,7 @@ def throughput(tmp: Path, dsn: str, clients: int, calls: int) -> list[list[str]]
         f"dsn = {json.dumps(dsn)}\n\n[servers.probe]\nurl = {json.dumps(upstream_url)}\n"
     )
     procs = [subprocess.Popen([sys.executable, PROBE, "--http", str(upstream_port)], stderr=subprocess.DEVNULL)]
-    rows = [["path", "calls", "calls/s", "p50", "p99", "lost or failed"]]
+    rows = [HEADER]
     try:
         wait_listening(upstream_url, procs[0])
         replicas = []
@@ -98,21 +96,10 @@ def throughput(tmp: Path, dsn: str, clients: int, calls: int) -> list[list[str]]
             url = f"http://127.0.0.1:{port}/mcp"
             try:
                 wait_listening(url, relay)
-                wall, latencies, failures = anyio.run(run, url, clients, calls)
+                rows.append(measured(label, url, clients, calls))
             finally:
                 relay.terminate()
                 relay.wait(10)
-            lost = clients * calls - len(latencies) + len(failures)
-            rows.append(
-                [
-                    label,
-                    str(len(latencies)),
-                    f"{len(latencies) / wall:.0f}",
-                    f"{pct(latencies, 0.5) * 1000:.1f} ms",
-                    f"{pct(latencies, 0.99) * 1000:.1f} ms",
-                    str(lost),
-                ]
-            )
     finally:
         for proc in procs:
             proc.terminate()
