@@ -24,6 +24,13 @@ def writer_tag() -> str:
     return f"{os.getpid()}~{_HOST}"
 
 
+def temp_beside(path: Path, what: str = "") -> Path:
+    """A temp file beside `path` of this process and thread (`.<name>[.<what>].<writer>.<thread>.tmp`): a
+    start-up sweep knows by its name whether its writer is gone (`writer_gone`)."""
+    middle = f".{what}" if what else ""
+    return path.with_name(f".{path.name}{middle}.{writer_tag()}.{threading.get_ident()}.tmp")
+
+
 def writer_gone(tag: str, path: Path) -> bool:
     """Whether the writer of a file named with `tag` is gone: on this host, its process has ended; on
     another (a replica sharing the folder), the file has not changed for FOREIGN_STALE_SECONDS. A bare
@@ -61,7 +68,7 @@ def atomic_write(path: Path, data: bytes | str | Callable[[IO[bytes]], Any], *, 
     new one, never a torn one. `data` may be a function that writes to the open binary file (for
     payloads produced piece by piece). A failed write removes its temp file. Returns the size written."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{writer_tag()}.{threading.get_ident()}.tmp")
+    tmp = temp_beside(path)
     try:
         with open(tmp, "wb") as fh:
             if callable(data):

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import plugins.offload.table_json as table_json
-from gateway.services.files import VersionedCache, writer_tag
+from gateway.services.files import VersionedCache, temp_beside
 from plugins.offload.json_file import BrokenJSON
 from plugins.offload.tables import Table
 
@@ -56,11 +56,6 @@ class QueryError(ValueError):
 
 def db_path(result: Path) -> Path:
     return result.with_name(f".{result.name}.duckdb")
-
-
-def _temp(result: Path, what: str) -> Path:
-    """A temporary file of this process and thread (the store's start-up sweep keeps a live one)."""
-    return result.with_name(f".{result.name}.{what}.{writer_tag()}.{threading.get_ident()}.tmp")
 
 
 class _Worker:
@@ -134,7 +129,7 @@ def build(result: Path, kind: str) -> list[Table]:
 
     def make() -> list[Table]:
         target = db_path(result)
-        tmp, scratch = _temp(result, "duckdb"), _temp(result, "scratch")
+        tmp, scratch = temp_beside(result, "duckdb"), temp_beside(result, "scratch")
         tmp.unlink(missing_ok=True)
         request: dict[str, Any] = {
             "op": "convert",

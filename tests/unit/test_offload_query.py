@@ -9,6 +9,7 @@ import pytest
 
 import plugins.offload.query as query
 from gateway.args import Args
+from gateway.services.files import temp_beside
 from gateway.services.responses import ResponseStore
 from plugins.offload.explore import Explorer
 
@@ -45,7 +46,7 @@ def test_a_conversions_temp_files_survive_another_gateways_start(tmp_path: Path)
     """Temp files of a conversion carry this process's id: a second gateway starting on the same
     workspace (its sweep of stale temp files) leaves a live one's alone, and removes a dead one's."""
     result = tmp_path / "r.json"
-    live = query._temp(result, "duckdb")
+    live = temp_beside(result, "duckdb")
     live.write_bytes(b"being written")
     dead = tmp_path / ".r.json.duckdb.999999999.1.tmp"
     dead.write_bytes(b"left by a gateway that died")
