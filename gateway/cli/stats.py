@@ -31,7 +31,7 @@ def cmd_stats(settings: Settings, period: str, as_json: bool) -> int:
     except RuntimeError as exc:  # the PostgreSQL backend cannot be reached
         print(f"mcp-context-gateway: {exc}", file=sys.stderr)
         return 2
-    where = storage.check() if storage.shared else str(path)
+    where = storage.describe() if storage.shared else str(path)
     if as_json:
         print(json.dumps(figures, indent=2, ensure_ascii=False))
         return 0

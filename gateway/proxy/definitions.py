@@ -131,12 +131,14 @@ class DefinitionLedger:
                 return
             self.damaged = ""  # remembered anew (freeze off): the marker goes with this write
             self._dirty = False
-            data = json.dumps(self._seen, ensure_ascii=False, indent=1)
-            rows = [
-                (server, tool, known["sha"], json.dumps(known["definition"], ensure_ascii=False))
-                for server, tools in self._seen.items()
-                for tool, known in tools.items()
-            ]
+            if self._db is None:
+                data = json.dumps(self._seen, ensure_ascii=False, indent=1)
+            else:
+                rows = [
+                    (server, tool, known["sha"], json.dumps(known["definition"], ensure_ascii=False))
+                    for server, tools in self._seen.items()
+                    for tool, known in tools.items()
+                ]
         if self._db is not None:  # another replica's first definition wins over this one's
             try:
                 self._db.executemany("INSERT INTO definitions VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING", rows)

@@ -91,10 +91,14 @@ class Storage:
         postgres = _postgres()
         return postgres.PgDatabase(self.dsn, postgres.schema_name(store, namespace))
 
+    def describe(self) -> str:
+        """The backend in a few words, without reaching it (the dsn's password left out)."""
+        return f"postgres at {_redacted(self.dsn)}" if self.shared else "sqlite (files in the workspace)"
+
     def check(self) -> str:
-        """One line on the backend for `inspect`; raises `StorageError` when it cannot be used."""
+        """`describe` with the server's version, for `inspect`; raises `StorageError` when it cannot be used."""
         if not self.shared:
-            return "sqlite (files in the workspace)"
+            return self.describe()
         with _postgres().connect(self.dsn) as conn:
             version = conn.execute("SHOW server_version").fetchone()
         return f"postgres {version[0] if version else '?'} at {_redacted(self.dsn)}"

@@ -193,18 +193,28 @@ class RecallIndex:
     def sync(self, session: Session) -> None:
         """Bring the index up to the session's log. Exclusive across processes: two gateways (replicas)
         following one log never index an entry twice."""
-        with self._lock, self.index.exclusive():
-            row = self.index.db.execute('SELECT "offset" FROM indexed WHERE session = ?', (session.id,)).fetchone()
-            done = row[0] if row else -1
-            if done == session.offset:
+        with self._lock:
+            if self._done(session) == session.offset:  # up to date: no write lock taken
                 return
-            if done < 0 or done > session.offset or not self._incremental(session, done):
-                self.index.delete("session = ?", (session.id,))
-                self.index.insert((e.id, e.text, (session.id,)) for e in session.active())
-            self.index.db.execute(
-                'INSERT INTO indexed VALUES (?, ?) ON CONFLICT (session) DO UPDATE SET "offset" = excluded."offset"',
-                (session.id, session.offset),
-            )
+            with self.index.exclusive():
+                self._catch_up(session)
+
+    def _done(self, session: Session) -> int:
+        row = self.index.db.execute('SELECT "offset" FROM indexed WHERE session = ?', (session.id,)).fetchone()
+        return row[0] if row else -1
+
+    def _catch_up(self, session: Session) -> None:
+        """Inside the exclusive transaction: what another process indexed meanwhile is seen here."""
+        done = self._done(session)
+        if done == session.offset:
+            return
+        if done < 0 or done > session.offset or not self._incremental(session, done):
+            self.index.delete("session = ?", (session.id,))
+            self.index.insert((e.id, e.text, (session.id,)) for e in session.active())
+        self.index.db.execute(
+            'INSERT INTO indexed VALUES (?, ?) ON CONFLICT (session) DO UPDATE SET "offset" = excluded."offset"',
+            (session.id, session.offset),
+        )
 
     def _incremental(self, session: Session, start: int) -> bool:
         records, end = session.log.read(start)
