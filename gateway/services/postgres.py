@@ -40,6 +40,7 @@ K1, B = 1.2, 0.75  # FTS5's bm25 constants
 WEIGHTS = (1.0, 0.6)  # body, extra: as `SearchIndex.search` weighs them
 MAX_LEXEME = 500  # PostgreSQL refuses lexemes over 2 KB; nobody searches for a token this long
 CANDIDATES = 500  # rows ranked per search at most (the best by ts_rank; ranking each costs its vector)
+LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"  # held to the end of the transaction
 MAX_POSITION, MAX_POSITIONS = 16383, 256  # what a tsvector keeps of a lexeme's places
 _TOKEN = re.compile(r"\w+")
 _CJK_ONE = re.compile(f"^[{CJK_CLASS}]$")  # a one-character CJK term matches as a prefix, as in FTS5
@@ -94,7 +95,7 @@ class PgDatabase:
         conn = connect(self.dsn)
         with conn.transaction():
             # two replicas starting at once: one creates the schema, the other waits for it
-            conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"schema:{self.schema}",))
+            conn.execute(LOCK, (f"schema:{self.schema}",))
             conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
         conn.execute(f'SET search_path TO "{self.schema}"')
         return conn
@@ -129,9 +130,14 @@ class PgDatabase:
 
     def executescript(self, script: str) -> None:
         with self.transaction():
-            self.execute("SELECT pg_advisory_xact_lock(hashtextextended(?, 0))", (f"schema:{self.schema}",))
+            self.hold(f"schema:{self.schema}")
             for statement in filter(str.strip, script.split(";")):
                 self.execute(statement)
+
+    def hold(self, key: str) -> None:
+        """An advisory lock on `key` for the rest of the current transaction: every replica's holder of
+        the same key waits for its commit."""
+        self.conn.execute(LOCK, (key,))
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
@@ -258,7 +264,7 @@ class PgSearchIndex(IndexCalls):
     def exclusive(self) -> Iterator[None]:
         """A transaction no other writer of this table (another replica's too) interleaves with."""
         with self.lock, self.db.transaction():
-            self.db.execute("SELECT pg_advisory_xact_lock(hashtextextended(?, 0))", (f"{self.db.schema}.{self.table}",))
+            self.db.hold(f"{self.db.schema}.{self.table}")
             yield
 
     def search(self, query: str, limit: int = 10, where: str = "", params: Sequence[object] = ()) -> list[Hit]:
@@ -336,9 +342,7 @@ class PgLog:
         """The records in one transaction, under this log's lock (every replica's), committed before
         this returns. `records` may be a function called under the lock, as `JsonlLog.append`'s."""
         with self.lock, self.db.transaction():
-            self.db.execute(
-                "SELECT pg_advisory_xact_lock(hashtextextended(?, 0))", (f"log:{self.db.schema}:{self.name}",)
-            )
+            self.db.hold(f"log:{self.db.schema}:{self.name}")
             rows = records() if callable(records) else records
             self.db.executemany("INSERT INTO log (name, record) VALUES (?, ?)", [(self.name, Jsonb(r)) for r in rows])
             last = self.db.execute("SELECT max(seq) FROM log WHERE name = ?", (self.name,)).fetchone()
@@ -357,9 +361,7 @@ class PgLog:
     def touch(self) -> None:
         """Mark the log as existing (an opened session with nothing written yet)."""
         with self.lock, self.db.transaction():
-            self.db.execute(
-                "SELECT pg_advisory_xact_lock(hashtextextended(?, 0))", (f"log:{self.db.schema}:{self.name}",)
-            )
+            self.db.hold(f"log:{self.db.schema}:{self.name}")
             if self.db.execute("SELECT 1 FROM log WHERE name = ? LIMIT 1", (self.name,)).fetchone() is None:
                 self.db.execute("INSERT INTO log (name, record) VALUES (?, ?)", (self.name, Jsonb({"type": "opened"})))
 
