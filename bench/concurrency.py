@@ -1,9 +1,11 @@
 """Sixteen hosts calling at once over Streamable HTTP: throughput and latency, direct vs gateway.
 
-    python bench/concurrency.py [--clients 16] [--calls 200]
+    python bench/concurrency.py [--clients 16] [--calls 200] [--era 2025|2026]
 
 The upstream is the test suite's probe server over Streamable HTTP on 127.0.0.1. Each client opens its
-own MCP session and makes `--calls` small `echo` calls one after another; all clients run at once.
+own MCP session (`--era 2025`: a handshake-era `ClientSession`; `2026`: the SDK's `Client` in the
+2026-07-28 mode, sessionless: every request carries its envelope) and makes `--calls` small `echo`
+calls one after another; all clients run at once.
 The same run is made straight to the upstream, through the gateway (HTTP front, all plugins on), and
 through `http_relay.py` (uvicorn and httpx, the gateway's own HTTP libraries, relaying bytes without
 parsing them: the floor of a proxy built on them). Printed: calls per second, p50 / p99 latency, and
@@ -18,12 +20,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx2
 import mcp_types as types
-from mcp import ClientSession
+from mcp import Client, ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -32,20 +37,31 @@ from common import call, pct, table
 from conftest import PROBE, free_port, wait_listening
 
 
-async def one_client(url: str, calls: int, latencies: list[float], failures: list[str], n: int) -> None:
-    try:
+@asynccontextmanager
+async def host(url: str, era: str) -> AsyncIterator[tuple[Callable[..., Awaitable[Any]], set[str]]]:
+    """One host's call function and the tool names it was given."""
+    async with httpx2.AsyncClient(timeout=httpx2.Timeout(60)) as http:
+        if era == "2026":
+            async with Client(streamable_http_client(url, http_client=http)) as client:
+                assert client.protocol_version == "2026-07-28", client.protocol_version
+                yield client.call_tool, {t.name for t in (await client.list_tools()).tools}
+            return
         async with (
-            httpx2.AsyncClient(timeout=httpx2.Timeout(60)) as http,
             streamable_http_client(url, http_client=http) as (read, write),
             ClientSession(read, write) as session,
         ):
             await session.initialize()
-            tools = {t.name for t in (await session.list_tools()).tools}
+            yield (lambda name, args: call(session, name, args)), {t.name for t in (await session.list_tools()).tools}
+
+
+async def one_client(url: str, calls: int, latencies: list[float], failures: list[str], n: int, era: str) -> None:
+    try:
+        async with host(url, era) as (do, tools):
             name = "echo" if "echo" in tools else "probe__echo"
             for i in range(calls):
                 text = f"client {n} call {i} 안녕"
                 t = time.perf_counter()
-                result: types.CallToolResult = await call(session, name, {"text": text})
+                result: types.CallToolResult = await do(name, {"text": text})
                 latencies.append(time.perf_counter() - t)
                 got = result.content[0].text if result.content else ""
                 if result.is_error or got != text:
@@ -54,22 +70,22 @@ async def one_client(url: str, calls: int, latencies: list[float], failures: lis
         failures.append(f"client {n}: {type(exc).__name__}: {exc}")
 
 
-async def run(url: str, clients: int, calls: int) -> tuple[float, list[float], list[str]]:
+async def run(url: str, clients: int, calls: int, era: str) -> tuple[float, list[float], list[str]]:
     latencies: list[float] = []
     failures: list[str] = []
     start = time.perf_counter()
     async with anyio.create_task_group() as tg:
         for n in range(clients):
-            tg.start_soon(one_client, url, calls, latencies, failures, n)
+            tg.start_soon(one_client, url, calls, latencies, failures, n, era)
     return time.perf_counter() - start, latencies, failures
 
 
 HEADER = ["path", "calls", "wall", "calls/s", "p50", "p99", "lost or failed"]
 
 
-def measured(label: str, url: str, clients: int, calls: int) -> list[str]:
+def measured(label: str, url: str, clients: int, calls: int, era: str = "2025") -> list[str]:
     """One `run` against `url`, as a row under HEADER (its first failures printed)."""
-    wall, latencies, failures = anyio.run(run, url, clients, calls)
+    wall, latencies, failures = anyio.run(run, url, clients, calls, era)
     for failure in failures[:5]:
         print("  ", label, failure)
     return [
@@ -83,7 +99,7 @@ def measured(label: str, url: str, clients: int, calls: int) -> list[str]:
     ]
 
 
-def main(clients: int, calls: int) -> None:
+def main(clients: int, calls: int, era: str) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="ctx-bench-concurrency-"))
     upstream_port, gateway_port, relay_port = free_port(), free_port(), free_port()
     upstream_url = f"http://127.0.0.1:{upstream_port}/mcp"
@@ -113,8 +129,10 @@ def main(clients: int, calls: int) -> None:
             ("HTTP relay (uvicorn + httpx, nothing parsed)", relay_url),
         )
         for label, url in paths:
-            rows.append(measured(label, url, clients, calls))
-        print(f"{clients} clients x {calls} calls, each client its own MCP session over Streamable HTTP\n")
+            rows.append(measured(label, url, clients, calls, era))
+        print(
+            f"{clients} clients x {calls} calls, each client its own MCP session over Streamable HTTP; host era {era}\n"
+        )
         print(table(rows))
     finally:
         for proc in procs:
@@ -126,5 +144,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--era", choices=["2025", "2026"], default="2025", help="the hosts' protocol era")
     args = parser.parse_args()
-    main(args.clients, args.calls)
+    main(args.clients, args.calls, args.era)

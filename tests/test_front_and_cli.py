@@ -30,6 +30,7 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
 from gateway.proxy.upstream_stdio import linear_stdio_client
+from gateway.services.stats import summary
 
 pytestmark = pytest.mark.anyio
 
@@ -441,3 +442,29 @@ async def test_one_tenants_open_rounds_never_evict_anothers(tmp_path: Path) -> N
                 "p__ask", {}, input_responses=answer, request_state=his.request_state, allow_input_required=True
             )
             assert text_of(done) == "accept:Bob"
+
+
+async def test_a_2026_hosts_calls_are_not_counted_as_listings(tmp_path: Path) -> None:
+    """The SDK checks a 2026-era HTTP host's `Mcp-Param-*` headers against the called tool's schema: without
+    a schema lookup of the gateway's own it ran the whole tools/list for every call with arguments, and
+    the usage figures counted a listing per call."""
+    cmd, port = _two_tenants(tmp_path, {"p": probe("p")}, [])
+    with serving(cmd, f"http://127.0.0.1:{port}/nothing", gateway_env()):
+        async with _modern_tenants(port) as (alice, _):
+            for i in range(6):
+                assert text_of(await alice.session.call_tool("p__echo", {"text": f"hi {i}"})) == f"hi {i}"
+    rows = {(r["server"], r["tool"]): r for r in summary(tmp_path / "ws" / "stats.db")["rows"]}
+    assert rows.get(("gateway", "tools/list"), {"calls": 0})["calls"] < 6
+
+
+async def test_the_figures_of_the_last_calls_are_written_when_the_gateway_is_stopped(tmp_path: Path) -> None:
+    """A signal used to cancel the stats writer before it wrote what was left: the calls of the last few
+    seconds before a SIGTERM were lost from `stats`."""
+    cmd, port = _two_tenants(tmp_path, {"p": probe("p")}, [])
+    with serving(cmd, f"http://127.0.0.1:{port}/nothing", gateway_env()) as proc:
+        async with await _as(f"http://127.0.0.1:{port}/mcp", ALICE) as alice:
+            for i in range(3):
+                assert text_of(await alice.call_tool("p__echo", {"text": f"hi {i}"})) == f"hi {i}"
+    assert proc.returncode is not None
+    rows = {(r["server"], r["tool"]): r for r in summary(tmp_path / "ws" / "stats.db")["rows"]}
+    assert rows[("p", "echo")]["calls"] == 3
