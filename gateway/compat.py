@@ -170,3 +170,42 @@ def late_response(awaits: Callable[[Any], bool] | None, message: Any) -> bool:
     if awaits is None or not isinstance(message, dict) or "method" in message:
         return False
     return not awaits(message.get("id"))
+
+
+def http_session_transport(manager: Any, session_id: str) -> Any | None:
+    """The SDK's transport of a live session-bound (handshake-era) HTTP session: the session manager's
+    table of sessions and the transport's idle accounting are private. None when the session is
+    unknown or ending, or the SDK's layout is not the one this was written for (then the SDK answers)."""
+    transport = getattr(manager, "_server_instances", {}).get(session_id)
+    if transport is None or transport.is_terminated:
+        return None
+    idle = getattr(transport, "idle_scope", None)
+    if idle is None or idle.cancel_called or not hasattr(transport, "_requests_in_flight"):
+        return None
+    return transport
+
+
+def http_session_listening(transport: Any) -> bool:
+    """Whether the host holds the session's GET stream open: where the SDK sends a request of the
+    server's that no POST of the host's is waiting for (a private table of the transport's streams)."""
+    from mcp.server.streamable_http import GET_STREAM_KEY
+
+    return GET_STREAM_KEY in getattr(transport, "_request_streams", {})
+
+
+@contextlib.contextmanager
+def http_request_in_flight(transport: Any) -> Any:
+    """A request served beside the SDK's transport holds its session as the transport's own
+    `handle_request` does: the idle countdown stops while any is served and restarts after the last."""
+    import math
+
+    import anyio
+
+    transport._requests_in_flight += 1
+    transport.idle_scope.deadline = math.inf
+    try:
+        yield
+    finally:
+        transport._requests_in_flight -= 1
+        if not transport._requests_in_flight:
+            transport.idle_scope.deadline = anyio.current_time() + transport._idle_timeout

@@ -276,7 +276,9 @@ class GatewaySettings(BaseModel):
         False, description="serve each tool's first definition; refuse calls to one that changed"
     )
     lean_path: bool = Field(
-        True, description="plain tool calls over stdio skip the MCP SDK's message handling (false: all through it)"
+        True,
+        description="plain tool calls skip the MCP SDK's message handling (stdio; HTTP for 2025-era hosts); "
+        "false: all through it",
     )
 
     @field_validator("port")

@@ -20,6 +20,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 import gateway.compat as compat
 from gateway.proxy.host_sessions import NAMESPACE_SCOPE_KEY
 from gateway.proxy.host_stdio import pipe_stdio_server
+from gateway.proxy.lean_http import LeanHttpFront
 from gateway.proxy.metrics import MetricsEndpoint
 from gateway.proxy.reload import ConfigReloader
 from gateway.proxy.server import Gateway
@@ -168,6 +169,8 @@ def build_http_app(gateway: Gateway) -> tuple[Any, StreamableHTTPSessionManager]
         max_request_body_size=16 * 1024 * 1024,
     )
     endpoint: Any = StreamableHTTPASGIApp(manager)
+    if cfg.lean_path:  # plain calls of session-bound hosts beside the SDK (proxy/lean_http.py)
+        endpoint = LeanHttpFront(endpoint, manager, security, gateway.hosts.get, gateway.lean.run)
     tokens = {t.token: t.name for t in gateway.settings.auth.all_tokens()}
     if cfg.auth_token:
         tokens[cfg.auth_token] = ""

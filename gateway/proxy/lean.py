@@ -12,8 +12,8 @@ a task through `Gateway.call`.
 
 Only what is plain takes this path; everything else goes through the SDK unchanged: a request asking
 for progress or (2026 era) a log level of its own, params with fields beyond `name`/`arguments`/`_meta`
-(a 2026 host's retry with its answers), a host connection that has not spoken yet, the HTTP front,
-HTTP upstreams. A 2026-era host's call runs in a task (`run_modern`): an upstream's question
+(a 2026 host's retry with its answers), a host connection that has not spoken yet, HTTP upstreams.
+The HTTP front has a lean path of its own (`lean_http.py`) that ends in the same `Gateway.call`. A 2026-era host's call runs in a task (`run_modern`): an upstream's question
 becomes its `input_required` answer, as on the SDK's path. Cancellation is kept both ways:
 the host's `notifications/cancelled` stops the call (no answer is sent, as the SDK does) and the
 upstream hears a cancel for its request, as it does for a timeout.
@@ -285,7 +285,7 @@ Record = Callable[[ToolCall, types.CallToolResult, types.CallToolResult], None] 
 Finish = Callable[[ToolCall, types.CallToolResult], types.CallToolResult | Coroutine[Any, Any, types.CallToolResult]]
 
 
-def _plain_call(raw: dict[str, Any]) -> dict[str, Any] | None:
+def plain_call(raw: dict[str, Any]) -> dict[str, Any] | None:
     """The params of a `tools/call` the lean path can take exactly as the SDK would, else None."""
     rid, params = raw.get("id"), raw.get("params")
     if not isinstance(rid, (str, int)) or isinstance(rid, bool) or not isinstance(params, dict):
@@ -354,7 +354,7 @@ class LeanFront:
                 return False
             method = raw.get("method")
             if method == "tools/call":
-                params = _plain_call(raw)
+                params = plain_call(raw)
                 if params is None:  # not plain (or no request at all: no id): the SDK answers it
                     return False
                 session, rid = self.host(), raw["id"]
@@ -446,17 +446,29 @@ class LeanFront:
         work: Awaitable[types.CallToolResult | types.InputRequiredResult],
     ) -> None:
         try:
-            try:
-                message = _message(rid, session, await work, self.server_info)
-            except MCPError as exc:
-                message = _error(rid, exc)
-            except Exception as exc:
-                message = _failed(rid, name, exc)
+            message = await answered(rid, name, session, work, self.server_info)
         except asyncio.CancelledError:
             return  # the host cancelled it (or left): never answered
         finally:
             self._flights.pop(rid, None)
         await _deliver(send, line(message), f"the answer to {rid!r}")
+
+
+async def answered(
+    rid: str | int,
+    name: str,
+    session: Any,
+    work: Awaitable[types.CallToolResult | types.InputRequiredResult],
+    stamp: Stamp = None,
+) -> dict[str, Any]:
+    """The host's answer to the call `work` runs: its result as the SDK's server writes it, or the error
+    the SDK would send (a cancel goes on to the caller)."""
+    try:
+        return _message(rid, session, await work, stamp)
+    except MCPError as exc:
+        return _error(rid, exc)
+    except Exception as exc:
+        return _failed(rid, name, exc)
 
 
 def _message(

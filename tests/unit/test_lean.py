@@ -12,15 +12,15 @@ import anyio
 import mcp_types as types
 import pytest
 
-from gateway.proxy.lean import CLOSED, Clock, LeanFront, RawRequests, _plain_call, parse_result, wire_result
+from gateway.proxy.lean import CLOSED, Clock, LeanFront, RawRequests, parse_result, plain_call, wire_result
 from gateway.proxy.stdio_lines import json_line as line
 
 
 def test_only_plain_calls_are_taken() -> None:
     plain = {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "a__b", "arguments": {"x": 1}}}
-    assert _plain_call(plain) == plain["params"]
-    assert _plain_call(plain | {"params": {"name": "a__b"}}) is not None  # no arguments at all
-    assert _plain_call(plain | {"params": {"name": "a", "_meta": {"trace": "t"}}}) is not None
+    assert plain_call(plain) == plain["params"]
+    assert plain_call(plain | {"params": {"name": "a__b"}}) is not None  # no arguments at all
+    assert plain_call(plain | {"params": {"name": "a", "_meta": {"trace": "t"}}}) is not None
     refused = [
         plain | {"id": True},  # not a JSON-RPC id
         plain | {"id": None},
@@ -31,7 +31,7 @@ def test_only_plain_calls_are_taken() -> None:
         plain | {"params": {"name": "a", "task": {}}},  # anything beyond name/arguments/_meta
         plain | {"params": {"name": "a", "_meta": "x"}},
     ]
-    assert all(_plain_call(r) is None for r in refused)
+    assert all(plain_call(r) is None for r in refused)
 
 
 def test_a_call_without_an_id_is_left_to_the_sdk() -> None:
