@@ -1,14 +1,14 @@
 """Sixteen hosts calling at once over Streamable HTTP: throughput and latency, direct vs gateway.
 
-    python bench/concurrency.py [--clients 16] [--calls 200] [--era 2025|2026]
+    python bench/concurrency.py [--clients 16] [--calls 200] [--era 2025|2026] [--rounds 2]
 
 The upstream is the test suite's probe server over Streamable HTTP on 127.0.0.1. Each client opens its
 own MCP session (`--era 2025`: a handshake-era `ClientSession`; `2026`: the SDK's `Client` in the
 2026-07-28 mode, sessionless: every request carries its envelope) and makes `--calls` small `echo`
 calls one after another; all clients run at once.
-The same run is made straight to the upstream, through the gateway (HTTP front, all plugins on), and
-through `http_relay.py` (uvicorn and httpx, the gateway's own HTTP libraries, relaying bytes without
-parsing them: the floor of a proxy built on them). Printed: calls per second, p50 / p99 latency, and
+The same run is made straight to the upstream, through the gateway (HTTP front, all plugins on; and
+with `lean_path` off), and through `http_relay.py` (uvicorn and httpx, the gateway's own HTTP
+libraries, relaying bytes without parsing them: the floor of a proxy built on them). Printed: calls per second, p50 / p99 latency, and
 calls lost or failed (the target is none). The load generator shares the two cores with the servers.
 """
 
@@ -99,37 +99,34 @@ def measured(label: str, url: str, clients: int, calls: int, era: str = "2025") 
     ]
 
 
-def main(clients: int, calls: int, era: str) -> None:
+def main(clients: int, calls: int, era: str, rounds: int) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="ctx-bench-concurrency-"))
-    upstream_port, gateway_port, relay_port = free_port(), free_port(), free_port()
+    upstream_port, relay_port = free_port(), free_port()
     upstream_url = f"http://127.0.0.1:{upstream_port}/mcp"
-    gateway_url = f"http://127.0.0.1:{gateway_port}/mcp"
     relay_url = f"http://127.0.0.1:{relay_port}/mcp"
     config = tmp / "gw.toml"
     config.write_text(
         f"[gateway]\nworkspace = {json.dumps(str(tmp / 'ws'))}\n\n[servers.probe]\nurl = {json.dumps(upstream_url)}\n"
     )
-    procs = [
-        subprocess.Popen([sys.executable, PROBE, "--http", str(upstream_port)], stderr=subprocess.DEVNULL),
-    ]
+    procs = [subprocess.Popen([sys.executable, PROBE, "--http", str(upstream_port)], stderr=subprocess.DEVNULL)]
+    paths = [("direct", upstream_url)]
     try:
         wait_listening(upstream_url, procs[0])
-        gw = [sys.executable, "-m", "gateway", "--config", str(config), "--transport", "http"]
-        procs.append(
-            subprocess.Popen([*gw, "--port", str(gateway_port)], stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        )
-        wait_listening(gateway_url, procs[1])
+        for label, lean in (("gateway (all plugins)", "true"), ("gateway, lean_path off", "false")):
+            port = free_port()
+            gw = [sys.executable, "-m", "gateway", "--config", str(config), "--transport", "http", "--port", str(port)]
+            procs.append(
+                subprocess.Popen([*gw, f"--lean-path={lean}"], stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            )
+            paths.append((label, f"http://127.0.0.1:{port}/mcp"))
+            wait_listening(paths[-1][1], procs[-1])
         relay = [sys.executable, str(Path(__file__).resolve().parent / "http_relay.py"), str(relay_port), upstream_url]
         procs.append(subprocess.Popen(relay, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        wait_listening(relay_url, procs[2])
+        wait_listening(relay_url, procs[-1])
+        paths.append(("HTTP relay (uvicorn + httpx, nothing parsed)", relay_url))
         rows = [HEADER]
-        paths = (
-            ("direct", upstream_url),
-            ("gateway (all plugins)", gateway_url),
-            ("HTTP relay (uvicorn + httpx, nothing parsed)", relay_url),
-        )
-        for label, url in paths:
-            rows.append(measured(label, url, clients, calls, era))
+        for _ in range(rounds):  # the paths in turn, round after round: a machine that gets busier shifts them alike
+            rows += [measured(label, url, clients, calls, era) for label, url in paths]
         print(
             f"{clients} clients x {calls} calls, each client its own MCP session over Streamable HTTP; host era {era}\n"
         )
@@ -145,5 +142,6 @@ if __name__ == "__main__":
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--era", choices=["2025", "2026"], default="2025", help="the hosts' protocol era")
+    parser.add_argument("--rounds", type=int, default=2, help="times every path is measured, in turn")
     args = parser.parse_args()
-    main(args.clients, args.calls, args.era)
+    main(args.clients, args.calls, args.era, args.rounds)
