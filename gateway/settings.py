@@ -277,7 +277,7 @@ class GatewaySettings(BaseModel):
     )
     lean_path: bool = Field(
         True,
-        description="plain tool calls skip the MCP SDK's message handling (stdio; HTTP for 2025-era hosts); "
+        description="plain tool calls skip the MCP SDK's message handling (stdio, and hosts over HTTP); "
         "false: all through it",
     )
 

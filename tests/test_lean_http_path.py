@@ -21,12 +21,18 @@ import pytest
 from conftest import eventually, http_gateway, probe, text_of
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
-from test_lean_path import CALLS, EVERY_PLUGIN, WIRE
+from test_lean_path import CALLS, ENVELOPE, EVERY_PLUGIN, WIRE
 
 pytestmark = pytest.mark.anyio
 
 HEADERS = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
 VERSION = "2025-11-25"
+MODERN = {"mcp-protocol-version": "2026-07-28"}
+
+
+def routed(tool: str) -> dict[str, str]:
+    """The headers a 2026-era host sends with a call: the version, the method and the tool's name."""
+    return MODERN | {"mcp-method": "tools/call", "mcp-name": tool}
 
 
 class HttpHost:
@@ -210,3 +216,64 @@ async def test_the_sdks_checks_of_a_request_hold_on_the_lean_path(tmp_path: Path
     assert statuses == [403, 406, 400, 404]  # the same on both paths: the SDK answers them
     assert answer_in(ok.text, 9)["result"]["content"][0]["text"] == "x"
     assert ended.status_code == 404  # a session the host ended is not served on either path
+
+
+async def _modern_answers(tmp_path: Path, lean: bool) -> tuple[list[tuple[int, dict]], list[dict]]:
+    """A 2026-era host's calls over HTTP: no session, the envelope in every request's `_meta`."""
+    (tmp_path / str(lean)).mkdir()
+    flag = f"--lean-path={str(lean).lower()}"
+    servers = {"p": probe("p", env=WIRE)}
+    answers = []
+    with http_gateway(tmp_path / str(lean), flag, "--plugins", ",".join(EVERY_PLUGIN), servers=servers) as url:
+        async with httpx2.AsyncClient(timeout=httpx2.Timeout(60)) as http:
+            host = HttpHost(http, url)
+
+            async def call(rid: int, name: str, arguments: Any, **extra: Any) -> httpx2.Response:
+                params = {"name": name, **extra, "_meta": {**extra.get("_meta", {}), **ENVELOPE}}
+                if arguments is not None:
+                    params["arguments"] = arguments
+                return await host.post(
+                    {"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": params}, **routed(name)
+                )
+
+            for rid, (name, arguments, extra) in enumerate(CALLS):
+                response = await call(rid, name, arguments, **extra)
+                answers.append((response.status_code, response.json()))
+            ids = [(await call(99, "p__request_id", {})).json()["result"] for _ in range(2)]
+    return answers, ids
+
+
+async def test_a_2026_hosts_lean_http_calls_are_answered_as_the_sdk_answers_them(tmp_path: Path) -> None:
+    lean, lean_ids = await _modern_answers(tmp_path, True)
+    sdk, sdk_ids = await _modern_answers(tmp_path, False)
+    for (name, _, _), a, b in zip(CALLS, lean, sdk, strict=True):
+        assert a == b, name
+    assert lean[0][1]["result"]["structuredContent"]["nested"] == {"list": [1, 2.5, None, True]}
+    assert lean[0][1]["result"]["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "mcp-context-gateway"
+    assert lean[8][0] == 400 and lean[8][1]["error"]["code"] == -32602  # the SDK's own answer, status and all
+    # the lean path really was taken: the stdio upstream got the call the lean way too
+    assert lean_ids[0]["content"][0]["text"].startswith("str:gw-") and sdk_ids[0]["content"][0]["text"].startswith(
+        "int:"
+    )
+
+
+@pytest.mark.parametrize("lean", [True, False])
+async def test_a_2026_host_that_closes_the_stream_cancels_the_call_at_the_upstream(tmp_path: Path, lean: bool) -> None:
+    marker = tmp_path / "cancel.txt"
+    servers = {"p": probe("p", env=WIRE | {"PROBE_CANCEL_MARKER": str(marker)})}
+    params = {"name": "p__slow", "arguments": {"seconds": 60}, "_meta": ENVELOPE}
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}).encode()
+    with http_gateway(tmp_path, f"--lean-path={str(lean).lower()}", servers=servers) as url:
+        async with httpx2.AsyncClient(timeout=httpx2.Timeout(60)) as http:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(lambda: http.post(url, content=body, headers=HEADERS | routed("p__slow")))
+                await eventually(lambda: marker.exists() and marker.read_text() == "started", 20, "the slow call")
+                tg.cancel_scope.cancel()  # the host gives up: its connection closes
+            await eventually(lambda: marker.read_text() == "cancelled", 20, "the upstream to hear the cancel")
+            echo = {"name": "p__echo", "arguments": {"text": "still here"}, "_meta": ENVELOPE}
+            after = await http.post(
+                url,
+                json={"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": echo},
+                headers=HEADERS | routed("p__echo"),
+            )
+    assert after.json()["result"]["content"][0]["text"] == "still here"

@@ -170,7 +170,11 @@ def build_http_app(gateway: Gateway) -> tuple[Any, StreamableHTTPSessionManager]
     )
     endpoint: Any = StreamableHTTPASGIApp(manager)
     if cfg.lean_path:  # plain calls of session-bound hosts beside the SDK (proxy/lean_http.py)
-        endpoint = LeanHttpFront(endpoint, manager, security, gateway.hosts.get, gateway.lean.run)
+        lean = gateway.lean
+        schema = gateway.server.get_tool_input_schema
+        endpoint = LeanHttpFront(
+            endpoint, manager, security, gateway.hosts.get, lean.run, lean.run_modern, schema, lean.server_info
+        )
     tokens = {t.token: t.name for t in gateway.settings.auth.all_tokens()}
     if cfg.auth_token:
         tokens[cfg.auth_token] = ""

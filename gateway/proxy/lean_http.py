@@ -1,24 +1,30 @@
-"""The lean path on the HTTP front: a plain `tools/call` of a session-bound (handshake-era) HTTP host,
-answered at the ASGI layer as `application/json`, beside the SDK's transport and server.
+"""The lean path on the HTTP front: a plain `tools/call` answered at the ASGI layer, beside the SDK's
+transport and server, for hosts of both eras.
 
-Through the SDK, each such POST opens memory streams, a task group and an SSE response on the way in
-and out; here the body is read once, routed as `Gateway.call` routes it, and the answer written as the
-SDK's server writes it (`lean.answered`). A server may answer any POST with JSON instead of SSE (the
-Streamable HTTP transport leaves the choice to it), and the host's SDK reads either.
+Through the SDK, a session-bound (handshake-era) host's POST opens memory streams, a task group and an
+SSE response on the way in and out, and a 2026-era host's runs the SDK's whole server runner; here the
+body is read once, routed as `Gateway.call` routes it, and the answer written as the SDK's server
+writes it (`lean.answered`). A server may answer any POST with JSON instead of SSE (the Streamable
+HTTP transport leaves the choice to it), and the hosts' SDKs read either.
 
 Only what the SDK would take the same way is taken; everything else is handed to it unchanged, body
 and all: a request failing the SDK's checks (Host/Origin, Accept, Content-Type, a session it does not
-hold), a 2026-era or unknown protocol version, a body over `MAX_BODY`, anything but one plain call
-(`lean.plain_call`: progress asked for, a log level, more params), a host that has not spoken yet,
-and a host that may be asked questions (sampling, elicitation) but holds no GET stream they could
+hold; for a 2026-era host its envelope, routing headers and `Mcp-Param-*` headers), an unknown
+protocol version, a body over `MAX_BODY`, anything but one plain call (`lean.plain_call`: progress
+asked for, a log level, a retry with answers, more params), a session-bound host that has not spoken
+yet, and one that may be asked questions (sampling, elicitation) but holds no GET stream they could
 reach it on (on this path a call has no SSE stream of its own; the SDK sends such questions on the
-session's GET stream). The SDK's idle accounting holds the session while a call runs. The host's
-`notifications/cancelled` stops the call, which is then answered `REQUEST_CANCELLED` as the SDK
-answers a cancelled request of this era; the notification goes on to the SDK, which acknowledges it.
+session's GET stream). The SDK's idle accounting holds a session while its call runs. A session-bound
+host's `notifications/cancelled` stops the call, which is then answered `REQUEST_CANCELLED` as the
+SDK answers a cancelled request of that era (the notification goes on to the SDK, which acknowledges
+it); a 2026-era host cancels by closing the response stream, and a call of its that runs past
+`KEEPALIVE` is answered on an SSE stream with pings meanwhile, as the SDK's single-exchange handler
+does. An upstream's question to a 2026-era host becomes its `input_required` answer, as there.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -27,15 +33,23 @@ from typing import Any
 
 import anyio
 import mcp_types as types
+from mcp.server.connection import Connection
 from mcp.server.streamable_http import CONTENT_TYPE_JSON, REQUEST_CANCELLED, check_accept_headers
 from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
-from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+from mcp.shared.inbound import (
+    ERROR_CODE_HTTP_STATUS,
+    InboundModernRoute,
+    classify_inbound_request,
+    find_duplicated_routing_header,
+    validate_mcp_param_headers,
+)
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 from starlette.requests import Request
 
 import gateway.compat as compat
 from gateway.plugin import ToolCall
 from gateway.proxy.host_sessions import NAMESPACE_SCOPE_KEY, forwardable_meta, is_modern
-from gateway.proxy.lean import answered, plain_call
+from gateway.proxy.lean import Modern, Stamp, answered, plain_call
 from gateway.proxy.stdio_lines import json_line
 
 log = logging.getLogger("gateway.lean_http")
@@ -43,19 +57,40 @@ log = logging.getLogger("gateway.lean_http")
 MAX_BODY = 1024 * 1024  # a larger body goes to the SDK (its own limit answers what is too large)
 ENVELOPE = frozenset(("jsonrpc", "id", "method", "params"))
 SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+KEEPALIVE = 15.0  # seconds before a 2026-era answer becomes an SSE stream with pings (the SDK's interval)
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream"),
+    (b"cache-control", b"no-cache, no-transform"),
+    (b"connection", b"keep-alive"),
+    (b"x-accel-buffering", b"no"),
+]
 Host = Callable[[str], Any]  # the host's SDK session of an HTTP session id, once it has spoken
 Run = Callable[[ToolCall], Awaitable[types.CallToolResult]]
+Schema = Callable[[str], Any]
 
 
 class LeanHttpFront:
     """ASGI: plain `tools/call` POSTs of session-bound hosts answered here, the rest by `app` (the SDK's)."""
 
-    def __init__(self, app: Any, manager: Any, security: TransportSecuritySettings, host: Host, run: Run):
+    def __init__(
+        self,
+        app: Any,
+        manager: Any,
+        security: TransportSecuritySettings,
+        host: Host,
+        run: Run,
+        run_modern: Modern,
+        schema: Schema,
+        stamp: Stamp,
+    ):
         self.app = app
         self.manager = manager
         self.security = TransportSecurityMiddleware(security)
         self.host = host
         self.run = run
+        self.run_modern = run_modern
+        self.schema = schema  # a tool's input schema, for a 2026 host's Mcp-Param headers
+        self.stamp = stamp  # the gateway's serverInfo, as 2026-era results carry it
         self._flights: dict[tuple[str, str | int], anyio.CancelScope] = {}  # (session, request id) -> its call
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -63,21 +98,16 @@ class LeanHttpFront:
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
+        version = headers.get(b"mcp-protocol-version", b"").decode("latin-1")
         sid = headers.get(b"mcp-session-id", b"").decode("latin-1")
-        version = headers.get(b"mcp-protocol-version")
+        if version in MODERN_PROTOCOL_VERSIONS:
+            await self._modern(scope, receive, send, headers)
+            return
         transport = compat.http_session_transport(self.manager, sid) if sid else None
-        if transport is None or (version is not None and version.decode("latin-1") not in HANDSHAKE_PROTOCOL_VERSIONS):
+        if transport is None or (version and version not in HANDSHAKE_PROTOCOL_VERSIONS):
             await self.app(scope, receive, send)
             return
-        try:
-            length = int(headers.get(b"content-length", b"0"))
-        except ValueError:
-            length = MAX_BODY + 1
-        if length > MAX_BODY or not await self._acceptable(scope):
-            await self.app(scope, receive, send)
-            return
-        body, replay = await _body(receive)
-        message = _message(body) if body is not None else None
+        message, replay = await self._read(scope, receive, headers)
         if message is None:
             await self.app(scope, replay, send)
             return
@@ -94,17 +124,7 @@ class LeanHttpFront:
         if _may_ask(session) and not compat.http_session_listening(transport):
             await self.app(scope, replay, send)  # its questions could reach the host only on the POST's stream
             return
-        call = ToolCall(
-            name=params["name"],
-            arguments=params.get("arguments") or {},
-            session_id=sid,
-            host_session=session,
-            # no request stream of its own: an upstream's question goes on the session's GET stream
-            request_id=None,
-            meta=forwardable_meta(params.get("_meta")),
-            namespace=str(scope.get(NAMESPACE_SCOPE_KEY) or ""),
-            lean=True,  # no progress to relay: a stdio upstream gets it the lean way too
-        )
+        call = self._call(params, session, sid, scope)
         answer: dict[str, Any] | None = None
         with compat.http_request_in_flight(transport), anyio.CancelScope() as flight:
             self._flights[(sid, rid)] = flight
@@ -115,14 +135,83 @@ class LeanHttpFront:
         if answer is None:  # cancelled by the host: answered as the SDK answers a cancelled request
             error = {"code": REQUEST_CANCELLED, "message": "Request cancelled"}
             answer = {"jsonrpc": "2.0", "id": rid, "error": error}
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [(b"content-type", CONTENT_TYPE_JSON.encode()), (b"mcp-session-id", sid.encode())],
-            }
+        await _json(send, 200, answer, [(b"mcp-session-id", sid.encode())])
+
+    async def _modern(self, scope: dict[str, Any], receive: Any, send: Any, headers: dict[bytes, bytes]) -> None:
+        """A 2026-era request (no session: each carries its envelope). Taken after the checks of the SDK's
+        single-exchange handler; a host that closes the response stream cancels the call, and one that
+        runs past `KEEPALIVE` seconds is answered on an SSE stream with pings meanwhile, as there."""
+        message, replay = await self._read(scope, receive, headers)
+        params = plain_call(message) if message is not None and message.get("method") == "tools/call" else None
+        if message is None or params is None:
+            await self.app(scope, replay, send)
+            return
+        fields = Request(scope).headers
+        route = None
+        if find_duplicated_routing_header(fields.items()) is None:
+            route = classify_inbound_request(message, headers=dict(fields))
+        arguments = params.get("arguments") or {}
+        schema = self.schema(params["name"]) if arguments or any(k.startswith(b"mcp-param-") for k in headers) else None
+        if not isinstance(route, InboundModernRoute) or (
+            schema is not None and validate_mcp_param_headers(schema, arguments, fields) is not None
+        ):
+            await self.app(scope, replay, send)  # the SDK tells the host what is wrong
+            return
+        session = Connection.from_envelope(route.protocol_version, route.client_info, route.client_capabilities)
+        namespace = str(scope.get(NAMESPACE_SCOPE_KEY) or "")
+        call = self._call(params, session, f"http/{namespace}" if namespace else "http", scope)
+        rid = message["id"]
+        work = asyncio.ensure_future(answered(rid, call.name, session, self.run_modern(call), self.stamp))
+        watch = asyncio.ensure_future(_cancel_on_disconnect(receive, work))
+        try:
+            done, _ = await asyncio.wait((work,), timeout=KEEPALIVE)
+            if work.cancelled():
+                return  # the host left: nobody to answer
+            if done:
+                answer = work.result()
+                await _json(send, ERROR_CODE_HTTP_STATUS.get(answer.get("error", {}).get("code"), 200), answer)
+                return
+            await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+            while not done:
+                await send({"type": "http.response.body", "body": b": ping\r\n\r\n", "more_body": True})
+                done, _ = await asyncio.wait((work,), timeout=KEEPALIVE)
+            if work.cancelled():
+                return
+            data = b"event: message\r\ndata: " + json_line(work.result()).rstrip(b"\n") + b"\r\n\r\n"
+            await send({"type": "http.response.body", "body": data})
+        except asyncio.CancelledError:
+            work.cancel()
+            raise
+        finally:
+            watch.cancel()
+
+    def _call(self, params: dict[str, Any], session: Any, sid: str, scope: dict[str, Any]) -> ToolCall:
+        return ToolCall(
+            name=params["name"],
+            arguments=params.get("arguments") or {},
+            session_id=sid,
+            host_session=session,
+            # no request stream of its own: an upstream's question goes on the session's GET stream (a
+            # 2026-era host's becomes its input_required answer)
+            request_id=None,
+            meta=forwardable_meta(params.get("_meta")),
+            namespace=str(scope.get(NAMESPACE_SCOPE_KEY) or ""),
+            lean=True,  # no progress to relay: a stdio upstream gets it the lean way too
         )
-        await send({"type": "http.response.body", "body": json_line(answer)})
+
+    async def _read(
+        self, scope: dict[str, Any], receive: Any, headers: dict[bytes, bytes]
+    ) -> tuple[dict[str, Any] | None, Any]:
+        """The request's one JSON-RPC message of this path's methods, once it passed the SDK's checks of
+        a POST; None otherwise. And a `receive` that gives the SDK whatever was read."""
+        try:
+            length = int(headers.get(b"content-length", b"0"))
+        except ValueError:
+            length = MAX_BODY + 1
+        if length > MAX_BODY or not await self._acceptable(scope):
+            return None, receive
+        body, replay = await _body(receive)
+        return (_message(body) if body is not None else None), replay
 
     async def _acceptable(self, scope: dict[str, Any]) -> bool:
         """The SDK's checks of a POST, before its body is read: Host and Origin, Accept, Content-Type."""
@@ -139,6 +228,21 @@ class LeanHttpFront:
             flight = self._flights.get((sid, rid))
             if flight is not None:
                 flight.cancel()
+
+
+async def _json(
+    send: Any, status: int, answer: dict[str, Any], headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    start = [(b"content-type", CONTENT_TYPE_JSON.encode()), *(headers or [])]
+    await send({"type": "http.response.start", "status": status, "headers": start})
+    await send({"type": "http.response.body", "body": json_line(answer)})
+
+
+async def _cancel_on_disconnect(receive: Any, work: asyncio.Future[Any]) -> None:
+    """A 2026-era host cancels by closing the response stream: the call stops (at the upstream too)."""
+    while (await receive()).get("type") != "http.disconnect":
+        pass
+    work.cancel()
 
 
 def _may_ask(session: Any) -> bool:

@@ -3,12 +3,19 @@ to the SDK, and that what it read reaches the SDK whole when it does not take a 
 
 from __future__ import annotations
 
+import json
+import math
 from typing import Any
 
+import anyio
 import mcp_types as types
 import pytest
+from mcp.server.streamable_http import StreamableHTTPServerTransport
+from mcp.server.transport_security import TransportSecuritySettings
 
-from gateway.proxy.lean_http import MAX_BODY, _body, _may_ask, _message
+import gateway.proxy.lean_http as lean_http
+from gateway.compat import http_request_in_flight, http_session_transport
+from gateway.proxy.lean_http import MAX_BODY, LeanHttpFront, _body, _may_ask, _message
 
 pytestmark = pytest.mark.anyio
 
@@ -71,13 +78,6 @@ async def test_a_body_read_is_replayed_whole_to_the_sdk() -> None:
 async def test_a_lean_call_holds_its_session_as_the_sdks_own_requests_do() -> None:
     """The SDK's transport ends a session after `idle_timeout` with no request in flight: a call served
     beside it stops that countdown while it runs and starts it again after (as `handle_request` does)."""
-    import math
-
-    import anyio
-    from mcp.server.streamable_http import StreamableHTTPServerTransport
-
-    from gateway.compat import http_request_in_flight, http_session_transport
-
     transport = StreamableHTTPServerTransport(mcp_session_id="s1", idle_timeout=60)
     async with transport.connect():
         manager = type("Manager", (), {"_server_instances": {"s1": transport}})()
@@ -88,3 +88,99 @@ async def test_a_lean_call_holds_its_session_as_the_sdks_own_requests_do() -> No
         assert 59 < transport.idle_scope.deadline - anyio.current_time() <= 60
         transport.idle_scope.cancel()  # the idle period ran out: the SDK answers its requests now
         assert http_session_transport(manager, "s1") is None
+
+
+ENVELOPE = {
+    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+    "io.modelcontextprotocol/clientCapabilities": {},
+}
+MODERN_CALL = {
+    "jsonrpc": "2.0",
+    "id": 5,
+    "method": "tools/call",
+    "params": {"name": "p__slow", "arguments": {}, "_meta": ENVELOPE},
+}
+
+
+def _front(run_modern: Any) -> Any:
+    async def sdk(scope: Any, receive: Any, send: Any) -> None:
+        raise AssertionError("handed to the SDK")
+
+    security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    return LeanHttpFront(sdk, None, security, lambda sid: None, None, run_modern, lambda name: None, None)  # type: ignore[arg-type]
+
+
+def _scope(body: bytes) -> dict[str, Any]:
+    headers = {
+        b"content-type": b"application/json",
+        b"accept": b"application/json, text/event-stream",
+        b"content-length": str(len(body)).encode(),
+        b"mcp-protocol-version": b"2026-07-28",
+        b"mcp-method": b"tools/call",
+        b"mcp-name": b"p__slow",
+    }
+    return {"type": "http", "method": "POST", "path": "/mcp", "headers": list(headers.items()), "query_string": b""}
+
+
+async def test_a_2026_call_running_long_is_answered_on_an_event_stream_with_pings(monkeypatch: Any) -> None:
+    """As the SDK's single-exchange handler does: past its keep-alive interval the answer is committed
+    to `text/event-stream` and pinged, so a proxy's idle timeout cannot cut the call."""
+    monkeypatch.setattr(lean_http, "KEEPALIVE", 0.02)
+    release = anyio.Event()
+    sent: list[dict[str, Any]] = []
+
+    async def run_modern(call: Any) -> types.CallToolResult:
+        await release.wait()
+        return types.CallToolResult(content=[types.TextContent(type="text", text=f"done {call.name}")])
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+        if sum(m.get("body") == b": ping\r\n\r\n" for m in sent) >= 2:
+            release.set()
+
+    body = json.dumps(MODERN_CALL).encode()
+    given = [{"type": "http.request", "body": body}]
+
+    async def receive() -> dict[str, Any]:
+        if given:
+            return given.pop()
+        await anyio.sleep_forever()
+        raise AssertionError
+
+    with anyio.fail_after(10):
+        await _front(run_modern)(_scope(body), receive, send)
+    assert sent[0]["type"] == "http.response.start" and (b"content-type", b"text/event-stream") in sent[0]["headers"]
+    event = sent[-1]["body"].decode()
+    assert event.startswith("event: message\r\ndata: ") and event.endswith("\r\n\r\n")
+    answer = json.loads(event.split("data: ", 1)[1])
+    assert answer["id"] == 5 and answer["result"]["content"][0]["text"] == "done p__slow"
+    assert not sent[-1].get("more_body")
+
+
+async def test_a_2026_host_that_disconnects_cancels_its_call_and_gets_no_answer() -> None:
+    started, cancelled = anyio.Event(), anyio.Event()
+    sent: list[dict[str, Any]] = []
+
+    async def run_modern(call: Any) -> types.CallToolResult:
+        started.set()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            cancelled.set()
+        raise AssertionError
+
+    body = json.dumps(MODERN_CALL).encode()
+    given = [{"type": "http.request", "body": body}]
+
+    async def receive() -> dict[str, Any]:
+        if given:
+            return given.pop()
+        await started.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    with anyio.fail_after(10):
+        await _front(run_modern)(_scope(body), receive, send)
+    assert cancelled.is_set() and sent == []
