@@ -7,14 +7,17 @@ own MCP session (`--era 2025`: a handshake-era `ClientSession`; `2026`: the SDK'
 2026-07-28 mode, sessionless: every request carries its envelope) and makes `--calls` small `echo`
 calls one after another; all clients run at once.
 The same run is made straight to the upstream, through the gateway (HTTP front, all plugins on; and
-with `lean_path` off), and through `http_relay.py` (uvicorn and httpx, the gateway's own HTTP
-libraries, relaying bytes without parsing them: the floor of a proxy built on them). Printed: calls per second, p50 / p99 latency, and
+with `lean_path` off), and through `http_relay.py`: uvicorn and httpx, the gateway's own HTTP
+libraries, relaying bytes without parsing them (the floor of a proxy built on them); the same with
+aiohttp behind, when it is installed (what the HTTP client alone costs); and a TCP relay copying
+bytes (the floor of any proxy process). Printed: calls per second, p50 / p99 latency, and
 calls lost or failed (the target is none). The load generator shares the two cores with the servers.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import subprocess
 import sys
@@ -101,9 +104,8 @@ def measured(label: str, url: str, clients: int, calls: int, era: str = "2025") 
 
 def main(clients: int, calls: int, era: str, rounds: int) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="ctx-bench-concurrency-"))
-    upstream_port, relay_port = free_port(), free_port()
+    upstream_port = free_port()
     upstream_url = f"http://127.0.0.1:{upstream_port}/mcp"
-    relay_url = f"http://127.0.0.1:{relay_port}/mcp"
     config = tmp / "gw.toml"
     config.write_text(
         f"[gateway]\nworkspace = {json.dumps(str(tmp / 'ws'))}\n\n[servers.probe]\nurl = {json.dumps(upstream_url)}\n"
@@ -120,10 +122,24 @@ def main(clients: int, calls: int, era: str, rounds: int) -> None:
             )
             paths.append((label, f"http://127.0.0.1:{port}/mcp"))
             wait_listening(paths[-1][1], procs[-1])
-        relay = [sys.executable, str(Path(__file__).resolve().parent / "http_relay.py"), str(relay_port), upstream_url]
-        procs.append(subprocess.Popen(relay, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        wait_listening(relay_url, procs[-1])
-        paths.append(("HTTP relay (uvicorn + httpx, nothing parsed)", relay_url))
+        relays = [("HTTP relay (uvicorn + httpx, nothing parsed)", [])]
+        if importlib.util.find_spec("aiohttp") is not None:
+            relays.append(("HTTP relay (uvicorn + aiohttp)", ["--client", "aiohttp"]))
+        else:
+            print("(aiohttp is not installed: `pip install aiohttp` in this environment adds its relay row)")
+        relays.append(("TCP relay (bytes copied, HTTP not parsed)", ["--tcp"]))
+        for label, how in relays:
+            port = free_port()
+            relay = [
+                sys.executable,
+                str(Path(__file__).resolve().parent / "http_relay.py"),
+                *how,
+                str(port),
+                upstream_url,
+            ]
+            procs.append(subprocess.Popen(relay, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            paths.append((label, f"http://127.0.0.1:{port}/mcp"))
+            wait_listening(paths[-1][1], procs[-1])
         rows = [HEADER]
         for _ in range(rounds):  # the paths in turn, round after round: a machine that gets busier shifts them alike
             rows += [measured(label, url, clients, calls, era) for label, url in paths]

@@ -3,17 +3,25 @@
 and its reply streamed back, nothing parsed. `bench/concurrency.py` runs it beside the gateway.
 
     python bench/http_relay.py PORT UPSTREAM_URL [UPSTREAM_URL ...]
+    python bench/http_relay.py --client aiohttp PORT UPSTREAM_URL   (the same relay with aiohttp behind)
+    python bench/http_relay.py --tcp PORT UPSTREAM_URL              (bytes copied, not even HTTP parsed)
 
 With several upstreams it is the load balancer of `bench/replicas.py`: a request without an
 `Mcp-Session-Id` (a host's `initialize`, or a 2026-era host's sessionless request) goes to the next
 upstream in turn; one with a session id goes where that session was opened (sticky by session, as a
 load balancer in front of gateway replicas must be: sessions and `input_required` rounds live in one
 process).
+
+`--client aiohttp` needs aiohttp installed (a bench-only install, never a dependency of the gateway):
+it shows what the HTTP client alone costs. `--tcp` is the floor of any proxy process on this machine:
+one more hop, asyncio copying bytes both ways.
 """
 
+import asyncio
 import itertools
 import sys
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx2
 import uvicorn
@@ -29,12 +37,7 @@ def app_for(upstreams: list[str]) -> Any:
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await _body(receive)
         headers = [(k, v) for k, v in scope["headers"] if k not in HOP]
         session = dict(headers).get(b"mcp-session-id")
         upstream = sessions.get(session, "") if session else next(turn)
@@ -58,5 +61,66 @@ def app_for(upstreams: list[str]) -> Any:
     return app
 
 
+def aiohttp_app_for(upstream: str) -> Any:
+    import aiohttp
+
+    state: dict[str, Any] = {}
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        if "client" not in state:  # made inside the server's loop
+            state["client"] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64))
+        body = await _body(receive)
+        headers = {k.decode(): v.decode() for k, v in scope["headers"] if k not in HOP}
+        async with state["client"].request(
+            scope["method"], upstream, headers=headers, data=body, auto_decompress=False
+        ) as response:
+            out = [(k.lower(), v) for k, v in response.raw_headers if k.lower() not in HOP]
+            await send({"type": "http.response.start", "status": response.status, "headers": out})
+            async for chunk in response.content.iter_any():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+
+    return app
+
+
+async def _body(receive: Any) -> bytes:
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return body
+
+
+async def tcp_relay(port: int, upstream: str) -> None:
+    target = urlsplit(upstream)
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except OSError:
+            pass
+        finally:
+            writer.close()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(target.hostname, target.port)
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    server = await asyncio.start_server(handle, "127.0.0.1", port)
+    async with server:
+        await server.serve_forever()
+
+
 if __name__ == "__main__":
-    uvicorn.run(app_for(sys.argv[2:]), host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
+    args = sys.argv[1:]
+    if args[0] == "--tcp":
+        asyncio.run(tcp_relay(int(args[1]), args[2]))
+    else:
+        app = aiohttp_app_for(args[3]) if args[:2] == ["--client", "aiohttp"] else app_for(args[1:])
+        port = int(args[2] if args[0] == "--client" else args[0])
+        uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
