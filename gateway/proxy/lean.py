@@ -194,7 +194,7 @@ class RawRequests:
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             return
         if self._send is not None:  # the upstream is behind: the cancel waits its turn
-            _spawn(self._cancels, self._send_late(self._send, cancel, rid))
+            spawn(self._cancels, self._send_late(self._send, cancel, rid))
 
     @staticmethod
     async def _send_late(send: Send, data: bytes, rid: str) -> None:
@@ -250,16 +250,18 @@ def parse_result(version: str, raw: dict[str, Any]) -> types.CallToolResult:
 
 
 def wire_result(version: str, result: types.CallToolResult | types.InputRequiredResult) -> dict[str, Any]:
-    """A `tools/call` result as the SDK's server puts it on the wire for the host's protocol version. For a
-    handshake-era host, plain text blocks are written directly: the same dict as the SDK's dump and check,
-    at a tenth of the cost (tests/unit/test_lean.py compares them for every version)."""
-    if isinstance(result, types.InputRequiredResult) or version in MODERN_PROTOCOL_VERSIONS:
+    """A `tools/call` result as the SDK's server puts it on the wire for the host's protocol version. Plain
+    text blocks are written directly (a 2026-era host's with its `resultType`): the same dict as the SDK's
+    dump and check, at a tenth of the cost (tests/unit/test_lean.py compares the bytes for every version)."""
+    if isinstance(result, types.InputRequiredResult):
         return _serialized(version, result)
     plain = result.meta is None and result.result_type == "complete"
     if plain and not result.__pydantic_extra__:
         blocks = result.content
         if all(type(b) is types.TextContent and b.annotations is None and b.meta is None for b in blocks):
             out = {"content": [{"text": b.text, "type": "text"} for b in blocks], "isError": result.is_error}
+            if version in MODERN_PROTOCOL_VERSIONS:
+                out["resultType"] = "complete"
             if result.structured_content is not None:
                 out["structuredContent"] = result.structured_content
             return out
@@ -363,7 +365,7 @@ class LeanFront:
                 call = self._call(params, session)
                 if is_modern(session):  # an upstream's question becomes the answer: the exchange's way, in a task
                     work = self._reply(rid, call.name, session, send, self.run_modern(call))
-                    self._flights[rid] = _spawn(self._tasks, work).cancel
+                    self._flights[rid] = spawn(self._tasks, work).cancel
                     return True
                 self._begin(rid, call, session, send, write)
                 return True
@@ -405,7 +407,7 @@ class LeanFront:
             log.exception("starting tools/call %s on the lean path failed", call.name)
             cancel = None
         if cancel is None:
-            self._flights[rid] = _spawn(self._tasks, self._serve(rid, call, session, send)).cancel
+            self._flights[rid] = spawn(self._tasks, self._serve(rid, call, session, send)).cancel
             asyncio.get_running_loop().call_soon(call.argument_tokens)  # once the task waits for the upstream
             return
         self._flights[rid] = cancel
@@ -420,7 +422,7 @@ class LeanFront:
         try:
             reply = self.finish(call, result)
             if not isinstance(reply, types.CallToolResult):  # the rest of the plugins, awaited
-                self._flights[rid] = _spawn(self._tasks, self._reply(rid, call.name, session, send, reply)).cancel
+                self._flights[rid] = spawn(self._tasks, self._reply(rid, call.name, session, send, reply)).cancel
                 return
             data = line(_message(rid, session, reply))
         except Exception as exc:  # a bug: answered as the SDK answers a handler that raised
@@ -428,7 +430,7 @@ class LeanFront:
             data = line(_failed(rid, call.name, exc))
         try:
             if not write(data):
-                _spawn(self._tasks, _deliver(send, data, f"the answer to {rid!r}"))  # the host is behind
+                spawn(self._tasks, _deliver(send, data, f"the answer to {rid!r}"))  # the host is behind
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             log.debug("dropped the answer to %r: the host is gone", rid)
         if isinstance(reply, types.CallToolResult):  # answered: the host reads it meanwhile
@@ -506,7 +508,7 @@ async def _deliver(send: Send, data: bytes, what: str) -> None:
         log.debug("dropped %s: the peer is gone", what)
 
 
-def _spawn(tasks: set[asyncio.Task[None]], work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+def spawn(tasks: set[asyncio.Task[None]], work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
     """`work` as a plain asyncio task, kept in `tasks` until it ends (the loop keeps only a weak
     reference to a task)."""
     task = asyncio.get_running_loop().create_task(work)
