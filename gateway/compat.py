@@ -9,10 +9,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import sys
 from collections.abc import Awaitable, Callable
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
+
+import anyio
 
 log = logging.getLogger("gateway.compat")
 
@@ -197,10 +200,6 @@ def http_session_listening(transport: Any) -> bool:
 def http_request_in_flight(transport: Any) -> Any:
     """A request served beside the SDK's transport holds its session as the transport's own
     `handle_request` does: the idle countdown stops while any is served and restarts after the last."""
-    import math
-
-    import anyio
-
     transport._requests_in_flight += 1
     transport.idle_scope.deadline = math.inf
     try:

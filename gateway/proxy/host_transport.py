@@ -169,7 +169,7 @@ def build_http_app(gateway: Gateway) -> tuple[Any, StreamableHTTPSessionManager]
         max_request_body_size=16 * 1024 * 1024,
     )
     endpoint: Any = StreamableHTTPASGIApp(manager)
-    if cfg.lean_path:  # plain calls of session-bound hosts beside the SDK (proxy/lean_http.py)
+    if cfg.lean_path:  # plain calls answered beside the SDK, both eras (proxy/lean_http.py)
         lean = gateway.lean
         schema = gateway.server.get_tool_input_schema
         endpoint = LeanHttpFront(

@@ -70,7 +70,7 @@ Schema = Callable[[str], Any]
 
 
 class LeanHttpFront:
-    """ASGI: plain `tools/call` POSTs of session-bound hosts answered here, the rest by `app` (the SDK's)."""
+    """ASGI: plain `tools/call` POSTs (of hosts of both eras) answered here, the rest by `app` (the SDK's)."""
 
     def __init__(
         self,
@@ -179,7 +179,7 @@ class LeanHttpFront:
                 return
             data = b"event: message\r\ndata: " + json_line(work.result()).rstrip(b"\n") + b"\r\n\r\n"
             await send({"type": "http.response.body", "body": data})
-        except asyncio.CancelledError:
+        except BaseException:  # cancelled, or the host gone while pinged: the call stops with it
             work.cancel()
             raise
         finally:
@@ -233,9 +233,10 @@ class LeanHttpFront:
 async def _json(
     send: Any, status: int, answer: dict[str, Any], headers: list[tuple[bytes, bytes]] | None = None
 ) -> None:
-    start = [(b"content-type", CONTENT_TYPE_JSON.encode()), *(headers or [])]
-    await send({"type": "http.response.start", "status": status, "headers": start})
-    await send({"type": "http.response.body", "body": json_line(answer)})
+    body = json_line(answer)
+    start = [(b"content-type", CONTENT_TYPE_JSON.encode()), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": start + (headers or [])})
+    await send({"type": "http.response.body", "body": body})
 
 
 async def _cancel_on_disconnect(receive: Any, work: asyncio.Future[Any]) -> None:
