@@ -117,15 +117,14 @@ async def test_lean_http_answers_exactly_as_the_sdk_path(tmp_path: Path) -> None
         assert a == b, name
     assert lean[0]["result"]["structuredContent"]["nested"] == {"list": [1, 2.5, None, True]}
     assert lean[8]["error"]["code"] == -32602  # params that are not an object: the SDK's own answer
-    # the lean path really was taken (answered as JSON; a stdio upstream got it the lean way too)
     # a lone surrogate's escape is refused by the SDK's JSON parser on this transport, on both paths
     assert lean_kinds[10] == sdk_kinds[10] == "status 400"
+    # the lean path really was taken: answered as JSON, and a stdio upstream got it the lean way too
     plain = [i for i, (_, arguments, extra) in enumerate(CALLS[:10]) if arguments != "not an object" and not extra]
     assert {lean_kinds[i] for i in plain} == {"application/json"}
     assert set(sdk_kinds[:10]) == {"text/event-stream"}
-    assert lean_ids[0]["content"][0]["text"].startswith("str:gw-") and sdk_ids[0]["content"][0]["text"].startswith(
-        "int:"
-    )
+    assert lean_ids[0]["content"][0]["text"].startswith("str:gw-")
+    assert sdk_ids[0]["content"][0]["text"].startswith("int:")
 
 
 @pytest.mark.parametrize("lean", [True, False])
