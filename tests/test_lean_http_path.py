@@ -276,3 +276,16 @@ async def test_a_2026_host_that_closes_the_stream_cancels_the_call_at_the_upstre
                 headers=HEADERS | routed("p__echo"),
             )
     assert after.json()["result"]["content"][0]["text"] == "still here"
+
+
+async def test_a_host_making_only_lean_calls_keeps_its_place_among_the_remembered_hosts(tmp_path: Path) -> None:
+    """The gateway remembers its 64 most recent host connections (list_changed goes to them): a host
+    whose calls all take the lean path is as recent as one whose calls go through the SDK."""
+    with http_gateway(tmp_path, "--lean-path=true", servers={"p": probe("p")}) as url:
+        async with http_host(url) as steady:
+            for n in range(70):
+                async with http_host(url):  # another host arrives (and lists the tools)
+                    pass
+                kind, answer = await steady.call("p__echo", {"text": f"still {n}"})
+                assert answer["result"]["content"][0]["text"] == f"still {n}"
+                assert kind == "application/json", n  # still known to the gateway: the lean path takes it

@@ -318,6 +318,14 @@ class Gateway:
             self.hosts.popitem(last=False)
         return sid
 
+    def host_of(self, session_id: str) -> ServerSession | None:
+        """The host session behind an HTTP session id, once it has spoken, kept among the most recent
+        (as `_remember_host` keeps it for the SDK's path)."""
+        session = self.hosts.get(session_id)
+        if session is not None:
+            self.hosts.move_to_end(session_id)
+        return session
+
     def _snapshot(self) -> tuple[Any, ...]:
         return (
             tuple(t.model_dump_json() for t in self.visible_tools()),
