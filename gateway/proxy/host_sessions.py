@@ -12,24 +12,30 @@ NAMESPACE_SCOPE_KEY = "mcp_context_gateway.namespace"  # set by the HTTP front's
 
 
 def session_id_of(ctx: ServerRequestContext[Any]) -> str:
-    """The host connection a request came from: the HTTP session id; for sessionless HTTP (2026-era hosts)
-    one per token, so no tenant's figures are another's; else one stdio host."""
+    """The host connection a request came from (`http_session_id`), or the one stdio host."""
     request = ctx.request
     if request is not None:
-        sid = request.headers.get("mcp-session-id")
-        if sid:
-            return sid
-        namespace = namespace_of(ctx)
-        return f"http/{namespace}" if namespace else "http"
+        return http_session_id(request.headers.get("mcp-session-id"), namespace_of(ctx))
     return "stdio"
+
+
+def http_session_id(session: str | None, namespace: str) -> str:
+    """An HTTP host connection: its session id; for sessionless HTTP (2026-era hosts) one per token, so no
+    tenant's figures are another's."""
+    if session:
+        return session
+    return f"http/{namespace}" if namespace else "http"
 
 
 def namespace_of(ctx: ServerRequestContext[Any]) -> str:
     """Whose data a request may see: the name of the HTTP bearer token it carried ("" = the local user)."""
     request = ctx.request
-    if request is None:
-        return ""
-    return str(request.scope.get(NAMESPACE_SCOPE_KEY) or "")
+    return scope_namespace(request.scope) if request is not None else ""
+
+
+def scope_namespace(scope: dict[str, Any]) -> str:
+    """The namespace the HTTP front's bearer check put into an ASGI request's scope."""
+    return str(scope.get(NAMESPACE_SCOPE_KEY) or "")
 
 
 def client_name(ctx: ServerRequestContext[Any]) -> str | None:

@@ -48,7 +48,7 @@ from starlette.requests import Request
 
 import gateway.compat as compat
 from gateway.plugin import ToolCall
-from gateway.proxy.host_sessions import NAMESPACE_SCOPE_KEY, forwardable_meta, is_modern
+from gateway.proxy.host_sessions import forwardable_meta, http_session_id, is_modern, scope_namespace
 from gateway.proxy.lean import Modern, Stamp, answered, plain_call
 from gateway.proxy.stdio_lines import json_line
 
@@ -158,8 +158,7 @@ class LeanHttpFront:
             await self.app(scope, replay, send)  # the SDK tells the host what is wrong
             return
         session = Connection.from_envelope(route.protocol_version, route.client_info, route.client_capabilities)
-        namespace = str(scope.get(NAMESPACE_SCOPE_KEY) or "")
-        call = self._call(params, session, f"http/{namespace}" if namespace else "http", scope)
+        call = self._call(params, session, http_session_id(None, scope_namespace(scope)), scope)
         rid = message["id"]
         work = asyncio.ensure_future(answered(rid, call.name, session, self.run_modern(call), self.stamp))
         watch = asyncio.ensure_future(_cancel_on_disconnect(receive, work))
@@ -195,7 +194,7 @@ class LeanHttpFront:
             # 2026-era host's becomes its input_required answer)
             request_id=None,
             meta=forwardable_meta(params.get("_meta")),
-            namespace=str(scope.get(NAMESPACE_SCOPE_KEY) or ""),
+            namespace=scope_namespace(scope),
             lean=True,  # no progress to relay: a stdio upstream gets it the lean way too
         )
 
