@@ -233,7 +233,7 @@ class Gateway:
                     await self.pipeline.stop()
                     await self.llm.aclose()
                     self._closing.set()  # the stats writer ends
-                    # what is left is written here: on a signal the writer is cancelled with its task group
+                    # what is left is written here (on a signal the writer is cancelled with its task group)
                     await anyio.to_thread.run_sync(self.stats.flush)
 
     async def shutdown(self, timeout: float = 10.0) -> None:
@@ -250,7 +250,7 @@ class Gateway:
         while not self._closing.is_set():
             with anyio.move_on_after(FLUSH_SECONDS):
                 await self._closing.wait()
-            if self.stats.pending:
+            if self.stats.pending and not self._closing.is_set():  # the last rows: `running` writes them
                 with anyio.CancelScope(shield=True):
                     await anyio.to_thread.run_sync(self.stats.flush)
 
