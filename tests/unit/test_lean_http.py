@@ -110,6 +110,16 @@ def _front(run_modern: Any) -> Any:
     return LeanHttpFront(sdk, None, security, lambda sid: None, None, run_modern, lambda name: None, None)  # type: ignore[arg-type]
 
 
+def _receive(body: bytes, then: Any) -> Any:
+    """An ASGI `receive` giving the request's body, then whatever `then` gives."""
+    given = [{"type": "http.request", "body": body}]
+
+    async def receive() -> dict[str, Any]:
+        return given.pop() if given else await then()
+
+    return receive
+
+
 def _scope(body: bytes) -> dict[str, Any]:
     headers = {
         b"content-type": b"application/json",
@@ -139,16 +149,13 @@ async def test_a_2026_call_running_long_is_answered_on_an_event_stream_with_ping
             release.set()
 
     body = json.dumps(MODERN_CALL).encode()
-    given = [{"type": "http.request", "body": body}]
 
-    async def receive() -> dict[str, Any]:
-        if given:
-            return given.pop()
+    async def never() -> dict[str, Any]:  # the host stays connected
         await anyio.sleep_forever()
         raise AssertionError
 
     with anyio.fail_after(10):
-        await _front(run_modern)(_scope(body), receive, send)
+        await _front(run_modern)(_scope(body), _receive(body, never), send)
     assert sent[0]["type"] == "http.response.start" and (b"content-type", b"text/event-stream") in sent[0]["headers"]
     event = sent[-1]["body"].decode()
     assert event.startswith("event: message\r\ndata: ") and event.endswith("\r\n\r\n")
@@ -170,11 +177,8 @@ async def test_a_2026_host_that_disconnects_cancels_its_call_and_gets_no_answer(
         raise AssertionError
 
     body = json.dumps(MODERN_CALL).encode()
-    given = [{"type": "http.request", "body": body}]
 
-    async def receive() -> dict[str, Any]:
-        if given:
-            return given.pop()
+    async def leaves() -> dict[str, Any]:  # once the call runs
         await started.wait()
         return {"type": "http.disconnect"}
 
@@ -182,5 +186,5 @@ async def test_a_2026_host_that_disconnects_cancels_its_call_and_gets_no_answer(
         sent.append(message)
 
     with anyio.fail_after(10):
-        await _front(run_modern)(_scope(body), receive, send)
+        await _front(run_modern)(_scope(body), _receive(body, leaves), send)
     assert cancelled.is_set() and sent == []
