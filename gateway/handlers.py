@@ -11,6 +11,7 @@ import mcp_types as types
 from gateway.args import Args, ToolInputError
 from gateway.plugin import PluginTool, ToolCall, ToolHandler
 from gateway.results import error_result, json_result
+from gateway.services.shares import Busy
 
 log = logging.getLogger("gateway.handlers")
 
@@ -47,7 +48,7 @@ def guarded(
     async def handler(call: ToolCall) -> types.CallToolResult:
         try:
             payload = await fn(Args(call.arguments, call.name), call)
-        except (ToolInputError, *expected) as exc:
+        except (ToolInputError, Busy, *expected) as exc:
             message = str(exc)
             return error_result(message if message.startswith(call.name) else f"{call.name}: {message}")
         except OSError as exc:
