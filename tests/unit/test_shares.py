@@ -12,11 +12,6 @@ from gateway.services.shares import Busy, Pool
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 async def test_a_caller_over_its_share_is_told_and_another_caller_runs() -> None:
     pool = Pool("t", total=4, per_caller=2, noun="queries", wait_own=0.2)
     release = threading.Event()
