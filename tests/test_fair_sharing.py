@@ -1,0 +1,79 @@
+"""Fair sharing, end to end: one tenant's heavy but legal work never stalls, starves or locks out another.
+
+A real gateway over Streamable HTTP with two named tokens and the probe server behind it; alice runs the
+heavy set of `fair_load.py` (queries, recursive slices, compaction, recall, a session flood) while bob
+makes plain calls. Bob's calls all answer, none slowly, and he opens a new session after the flood; the
+gateway's memory stays bounded.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+from conftest import PY, gateway_env, wait_listening
+from fair_load import BOB, Heavy, Plain, gateway_command, heavy_work, pct, plain_calls, rss, small_result, tenant
+
+pytestmark = [pytest.mark.anyio, pytest.mark.skipif(sys.platform != "linux", reason="reads /proc for memory")]
+
+
+async def test_one_tenants_heavy_work_never_stalls_another(tmp_path: Path) -> None:
+    argv, url = gateway_command(tmp_path, PY)
+    errlog = tmp_path / "gateway.err"
+    with open(errlog, "wb") as err:
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=gateway_env()
+        )
+    try:
+        wait_listening(url.replace("/mcp", "/nothing"), proc)
+        idle, loaded, heavy = Plain(), Plain(), Heavy()
+        async with tenant(url, BOB) as bob:
+            small = await small_result(bob)
+            with anyio.fail_after(60):  # bob alone: his own floor on this machine
+                count = 0
+
+                def enough() -> bool:
+                    nonlocal count
+                    count += 1
+                    return count > 60
+
+                await plain_calls(bob, small, idle, enough)
+            before, _ = rss(proc.pid)
+            done = anyio.Event()
+            with anyio.fail_after(600):
+                async with anyio.create_task_group() as tg:
+
+                    async def alice() -> None:
+                        try:
+                            await heavy_work(url, heavy)
+                        finally:
+                            done.set()
+
+                    tg.start_soon(alice)
+                    await plain_calls(bob, small, loaded, done.is_set)
+            _, peak = rss(proc.pid)
+        async with tenant(url, BOB) as again:  # a new session of bob's after alice's flood
+            assert not (await again.call_tool("p__echo", {"text": "after"})).is_error
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    report = (
+        f"bob idle p99 {pct(idle.latencies, 0.99) * 1000:.0f} ms; under load p50 {pct(loaded.latencies, 0.5) * 1000:.0f} "
+        f"ms, p99 {pct(loaded.latencies, 0.99) * 1000:.0f} ms, max {max(loaded.latencies) * 1000:.0f} ms over "
+        f"{len(loaded.latencies)} calls; alice {heavy.answered} answered, {heavy.busy} told to wait, steps "
+        f"{[(s, round(t, 1)) for s, t in heavy.steps]}; sessions {heavy.sessions_opened} opened, "
+        f"{heavy.sessions_refused} refused; gateway RSS {before >> 20} MB, peak {peak >> 20} MB"
+    )
+    print(report)
+    assert not idle.failures and not loaded.failures, (idle.failures + loaded.failures)[:5]
+    assert not heavy.failures, heavy.failures[:5]
+    assert heavy.sessions_refused > 0  # the flood went past alice's share...
+    assert len(loaded.latencies) >= 30, report  # ...while bob kept calling
+    limit = max(0.3, 5 * pct(idle.latencies, 0.99))
+    assert pct(loaded.latencies, 0.99) <= limit, report
+    assert max(loaded.latencies) <= 2.0, report
+    assert peak - before <= 1.5 * 1024**3, report
+    assert b"Traceback" not in errlog.read_bytes()
