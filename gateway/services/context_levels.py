@@ -10,11 +10,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from gateway.services.files import VersionedCache
 
 WARNING_AT = 35.0
 CRITICAL_AT = 25.0
@@ -22,6 +25,9 @@ DEBOUNCE_CALLS = 5
 STALE_SECONDS = 60.0
 _SEVERITY = {None: 0, "WARNING": 1, "CRITICAL": 2}
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+MAX_BRIDGE_BYTES = 64 * 1024  # a statusline writes a few hundred bytes
+# parsed bridge files by version: a look costs a stat, the file is read once per change
+_BRIDGES: VersionedCache[Any] = VersionedCache(max_items=64)
 
 
 def level_for(remaining_pct: float) -> str | None:
@@ -90,20 +96,73 @@ class HostFigure:
     window: int | None = None
 
 
-def read_bridge_figure(path: Path, now: float | None = None, host: int | None = None) -> HostFigure | None:
-    """The figure in a statusline bridge file, or None when missing, broken or stale; with `host`, also
-    None unless that process is among the statusline command's ancestors (the host that ran it)."""
+def _ours(st: os.stat_result) -> bool:
+    """A regular file of this user, small enough to be a bridge: anything else in the shared temp folder
+    (a FIFO, a device, a symlink, a huge file, another user's file) is never read."""
+    owner = st.st_uid == os.geteuid() if hasattr(os, "geteuid") else True
+    return stat.S_ISREG(st.st_mode) and owner and st.st_size <= MAX_BRIDGE_BYTES
+
+
+def _read_bridge_bytes(path: Path) -> bytes | None:
+    """The bytes of a bridge file, checked before it is opened (`lstat`) and again once open (`fstat`:
+    the name may have been replaced meanwhile); opening never follows a symlink nor waits on a FIFO."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        before = path.lstat()
+        if not _ours(before):
+            return None
+        flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+        fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        opened = os.fstat(fd)
+        if not _ours(opened) or (opened.st_dev, opened.st_ino) != (before.st_dev, before.st_ino):
+            return None
+        data = b""
+        while len(data) <= MAX_BRIDGE_BYTES and (piece := os.read(fd, MAX_BRIDGE_BYTES + 1 - len(data))):
+            data += piece
+        return data if len(data) <= MAX_BRIDGE_BYTES else None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _bridge_data(path: Path) -> Any:
+    """The JSON of a bridge file (None when it is not one of ours, or broken), parsed once per version."""
+
+    def parse() -> Any:
+        raw = _read_bridge_bytes(path)
+        try:
+            return None if raw is None else json.loads(raw.decode("utf-8"))
+        except ValueError:
+            return None
+
+    try:
+        st = path.lstat()
+        if not _ours(st):
+            return None
+        return _BRIDGES.get(path, parse, sub=st.st_ino)
+    except OSError:
+        return None
+
+
+def read_bridge_figure(path: Path, now: float | None = None, host: int | None = None) -> HostFigure | None:
+    """The figure in a statusline bridge file, or None when missing, broken, stale or not a small regular
+    file of this user; with `host`, also None unless that process is among the statusline command's
+    ancestors (the host that ran it)."""
+    data = _bridge_data(path)
+    try:
         remaining = float(data["remaining_percentage"])
         stamp = float(data["timestamp"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         return None
     if stamp > 1e12:  # milliseconds
         stamp /= 1000
     if (now or time.time()) - stamp > STALE_SECONDS or not 0 <= remaining <= 100:
         return None
-    if host is not None and host not in (data.get("ancestors") or []):
+    ancestors = data.get("ancestors")
+    if host is not None and (not isinstance(ancestors, list) or host not in ancestors):
         return None
     window = data.get("context_window_size")
     return HostFigure(remaining, window if isinstance(window, int) and window > 0 else None)

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import re
+import shutil
 import socket
+import stat
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -12,6 +17,7 @@ from pathlib import Path
 from typing import IO, Any, Generic, TypeVar
 
 T = TypeVar("T")
+log = logging.getLogger("gateway.services.files")
 FileVersion = tuple[str, int, int]
 # Replicas on other machines may share the workspace folder: a temp file names its writer by pid and host,
 # and one of another host (whose pids mean nothing here) is taken for left over only once it is this old
@@ -31,6 +37,51 @@ def temp_beside(path: Path, what: str = "") -> Path:
     return path.with_name(f".{path.name}{middle}.{writer_tag()}.{threading.get_ident()}.tmp")
 
 
+# Every name `temp_beside` makes, and the names its users derive from one: numbered pieces (`.tmp.1`),
+# DuckDB's log (`.tmp.wal`) and spill folder (`.tmp.tmp/`). `writer` is the tag `writer_gone` reads (a
+# bare pid: older gateways).
+TEMP_NAME = re.compile(r"^\..+\.(?P<writer>[0-9]+(?:~[A-Za-z0-9]+)?)\.[0-9]+\.tmp(?:\.[A-Za-z0-9]+)*$")
+
+
+def temp_writer(name: str) -> str | None:
+    """The writer tag of a temp name (`TEMP_NAME`), or None when `name` is not one."""
+    found = TEMP_NAME.match(name)
+    return found["writer"] if found else None
+
+
+def remove_entry(path: Path) -> None:
+    """Remove a file, a symlink (the link, never what it points to) or a folder with all it holds (symlinks
+    inside are removed, not followed). Raises OSError naming the first entry that would not go; what
+    could go is gone."""
+    if not stat.S_ISDIR(path.lstat().st_mode):
+        path.unlink(missing_ok=True)
+        return
+    failed: list[BaseException] = []
+
+    def note(_fn: Any, _where: str, exc: Any) -> None:
+        exc = exc if isinstance(exc, BaseException) else exc[1]  # onexc: the exception; onerror: exc_info
+        if not isinstance(exc, FileNotFoundError):
+            failed.append(exc)
+
+    # the fd-based walk: a symlink inside is unlinked, never entered; every entry that can go goes
+    shutil.rmtree(path, **{"onexc" if sys.version_info >= (3, 12) else "onerror": note})
+    if failed:
+        raise failed[0]
+
+
+def sweep_entry(path: Path) -> bool:
+    """`remove_entry` for a sweep: whether it went. One that will not go is logged in one line and left,
+    so that nothing a crash left behind can stop a start."""
+    try:
+        remove_entry(path)
+    except FileNotFoundError:
+        return False  # gone meanwhile (another gateway's sweep)
+    except OSError as exc:
+        log.warning("cannot remove %s (%s); remove it by hand", exc.filename or path, exc.strerror or exc)
+        return False
+    return True
+
+
 def writer_gone(tag: str, path: Path) -> bool:
     """Whether the writer of a file named with `tag` is gone: on this host, its process has ended; on
     another (a replica sharing the folder), the file has not changed for FOREIGN_STALE_SECONDS. A bare
@@ -40,7 +91,7 @@ def writer_gone(tag: str, path: Path) -> bool:
         return True
     if host and host != _HOST:
         try:
-            return time.time() - path.stat().st_mtime > FOREIGN_STALE_SECONDS
+            return time.time() - path.lstat().st_mtime > FOREIGN_STALE_SECONDS
         except OSError:
             return False  # gone already
     return int(pid) != os.getpid() and not process_alive(int(pid))

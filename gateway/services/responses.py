@@ -5,6 +5,7 @@ the model passes resolve safely inside the folder. Offload writes here; document
 from __future__ import annotations
 
 import base64
+import logging
 import re
 import secrets
 import sys
@@ -14,10 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from gateway.services import spill
-from gateway.services.files import atomic_write, writer_gone
+from gateway.services.files import atomic_write, sweep_entry, temp_writer, writer_gone
 
+log = logging.getLogger("gateway.services.responses")
 ID_PATTERN = re.compile(r"^resp_[0-9a-f]{8}$")
 _SLICE = 1 << 20
+UNTAGGED_TEMP = re.compile(r"^\..+\.tmp(?:\.[A-Za-z0-9]+)*$")
+UNTAGGED_STALE_SECONDS = 600.0  # far longer than any query may run
 TEXT_SUFFIXES = (".txt", ".md", ".csv", ".log")
 MIME_EXT = {
     "image/png": "png",
@@ -228,41 +232,40 @@ class ResponseStore:
 
     def clear(self) -> int:
         """Remove every saved response (the `clean` command); returns how many entries went."""
-        import shutil
-
-        count = 0
-        if self.folder.is_dir():
-            for item in self.folder.iterdir():
-                if item.is_dir():
-                    shutil.rmtree(item, ignore_errors=True)
-                else:
-                    item.unlink(missing_ok=True)
-                count += 1
-        return count
+        return sum(sweep_entry(item) for item in self._entries())
 
     def remove_stale_temp_files(self) -> int:
-        """Temp files of writes whose process is gone (a gateway killed mid-offload)."""
-        if not self.folder.is_dir():
-            return 0
-        removed = 0
-        for item in [*self.folder.glob(".*.tmp"), *self.folder.glob(".*.tmp.wal")]:
-            parts = item.name.removesuffix(".wal").rsplit(".", 3)  # .<name>.<pid>~<host>.<thread>.tmp
-            if len(parts) == 4 and not writer_gone(parts[1], item):
-                continue
-            item.unlink(missing_ok=True)
-            removed += 1
-        return removed
+        """What a crash left: temp files and folders whose writer is gone (a gateway killed mid-offload, a
+        conversion's scratch pieces and DuckDB files, a query's spill folder). An entry that will not go
+        is logged in one line and left; the sweep goes on."""
+        return sum(sweep_entry(item) for item in self._entries() if _stale_temp(item))
 
     def remove_older_than(self, hours: float) -> int:
-        if not self.folder.is_dir():
-            return 0
+        """Entries (files and folders) unchanged for `hours`; symlinks are removed, never followed."""
         cutoff = time.time() - hours * 3600
-        removed = 0
-        for item in self.folder.iterdir():
-            try:
-                if item.is_file() and item.stat().st_mtime < cutoff:
-                    item.unlink()
-                    removed += 1
-            except OSError:
-                continue
-        return removed
+        return sum(sweep_entry(item) for item in self._entries() if _changed_at(item) < cutoff)
+
+    def _entries(self) -> list[Path]:
+        try:
+            return list(self.folder.iterdir()) if self.folder.is_dir() else []
+        except OSError as exc:
+            log.warning("cannot list %s (%s); nothing removed from it", self.folder, exc.strerror or exc)
+            return []
+
+
+def _changed_at(item: Path) -> float:
+    try:
+        return item.lstat().st_mtime
+    except OSError:
+        return time.time()  # gone: nothing to remove
+
+
+def _stale_temp(item: Path) -> bool:
+    """Whether a hidden entry is a temp entry left by a writer that is gone. One without a writer in its
+    name (DuckDB's spill folder of a query, `.<result>.duckdb.tmp/`) may belong to another gateway sharing
+    the folder: it is left over once unchanged for UNTAGGED_STALE_SECONDS."""
+    if (tag := temp_writer(item.name)) is not None:
+        return writer_gone(tag, item)
+    if UNTAGGED_TEMP.match(item.name):
+        return time.time() - _changed_at(item) > UNTAGGED_STALE_SECONDS
+    return False

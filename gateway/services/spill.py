@@ -35,7 +35,7 @@ from typing import IO, Any, BinaryIO
 
 import mcp_types as types
 
-from gateway.services.files import writer_gone, writer_tag
+from gateway.services.files import sweep_entry, writer_gone, writer_tag
 from gateway.services.tokens import SAMPLE_SLICE, SAMPLE_SLICES, estimate_tokens
 
 log = logging.getLogger(__name__)
@@ -498,11 +498,9 @@ class Spiller:
         if not self.folder.is_dir():
             return 0
         removed = 0
-        for item in self.folder.iterdir():
-            if not writer_gone(item.name.split("-", 1)[0], item):
-                continue
-            item.unlink(missing_ok=True)
-            removed += 1
+        for item in list(self.folder.iterdir()):
+            if writer_gone(item.name.split("-", 1)[0], item):
+                removed += sweep_entry(item)
         return removed
 
     def new_path(self, suffix: str) -> Path:

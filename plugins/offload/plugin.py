@@ -20,7 +20,7 @@ from gateway.args import Args, ToolInputError
 from gateway.handlers import guarded, integer, tool
 from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall
 from gateway.results import error_result
-from gateway.services import heap
+from gateway.services import heap, shares
 from gateway.services.responses import StoreError
 from gateway.services.text import human_size
 from plugins.offload.explore import MODES, Explorer
@@ -68,15 +68,28 @@ class OffloadPlugin(Plugin):
 
     async def start(self, ctx: GatewayContext) -> None:
         self.ctx = ctx
-        ttl = self.settings.response_ttl_hours
-        for namespace in ctx.namespaces():
-            store = ctx.responses_for(namespace)
-            if stale := store.remove_stale_temp_files():
-                log.info("removed %d temp files left by an interrupted offload in %s", stale, store.folder)
-            if removed := store.remove_older_than(ttl):
-                log.info("removed %d offloaded responses older than %s h from %s", removed, ttl, store.folder)
+        await anyio.to_thread.run_sync(self._sweep, ctx)  # file work: off the loop
         if not ijson.backend.startswith("yajl2_c"):
             log.warning("ijson runs on its %s backend, not the C one: large JSON files will be slow", ijson.backend)
+
+    def _sweep(self, ctx: GatewayContext) -> None:
+        """What a crash left and what outlived its TTL, in every namespace. A sweep that fails is logged in
+        one line: offload starts all the same (without it every tenant would get oversized results inline)."""
+        ttl = self.settings.response_ttl_hours
+        try:
+            namespaces = ctx.namespaces()
+        except OSError as exc:
+            log.warning("cannot list the namespaces to sweep (%s); offload starts without sweeping", exc)
+            namespaces = [""]
+        for namespace in namespaces:
+            store = ctx.responses_for(namespace)
+            try:
+                if stale := store.remove_stale_temp_files():
+                    log.info("removed %d temp entries left by an interrupted offload in %s", stale, store.folder)
+                if removed := store.remove_older_than(ttl):
+                    log.info("removed %d offloaded responses older than %s h from %s", removed, ttl, store.folder)
+            except Exception as exc:
+                log.warning("sweeping %s failed (%s: %s); offload starts all the same", store.folder, type(exc).__name__, exc)
 
     async def stop(self) -> None:
         query.stop_all()  # a conversion in the background must not hold the exit
@@ -241,8 +254,8 @@ class OffloadPlugin(Plugin):
         async def threaded(args: Args, call: ToolCall) -> dict[str, Any]:
             budget = self._ctx().window.max_response_tokens(None, call.session_id)
             method = handler(self._explorer(call.namespace))
-            try:  # file work stays off the event loop
-                return await anyio.to_thread.run_sync(method, args, budget)
+            try:  # file work stays off the event loop, within the caller's share of the explore threads
+                return await shares.explore_pool().run(call.namespace, method, args, budget)
             except UnicodeDecodeError:
                 raise ToolInputError("the file is not UTF-8 text; open it with its openCmd instead") from None
             except BrokenJSON as exc:
