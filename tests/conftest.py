@@ -219,6 +219,37 @@ def http_gateway(
         yield f"http://{host}:{port}/mcp"
 
 
+ALICE, BOB = "alice-token-0123456789abcdef", "bob-token-0123456789abcdefgh"
+
+
+@asynccontextmanager
+async def tenant_session(url: str, token: str) -> AsyncIterator[ClientSession]:
+    """A host session over HTTP with a bearer token ("" = none)."""
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    async with (
+        httpx2.AsyncClient(
+            headers={"Authorization": f"Bearer {token}"} if token else {}, timeout=httpx2.Timeout(30)
+        ) as http,
+        streamable_http_client(url, http_client=http) as (read, write),
+        ClientSession(read, write) as s,
+    ):
+        await s.initialize()
+        yield s
+
+
+def two_tenants(tmp_path: Path, servers: dict[str, Any], plugins: list[str]) -> tuple[list[str], int]:
+    """The command line of an HTTP gateway with two named tokens, alice and bob, and its port."""
+    port = free_port()
+    cfg = write_config(tmp_path, servers, plugins=plugins)
+    cfg.write_text(
+        cfg.read_text()
+        + f'\n[[auth.tokens]]\nname = "alice"\ntoken = "{ALICE}"\n\n[[auth.tokens]]\nname = "bob"\ntoken = "{BOB}"\n'
+    )
+    return [PY, "-m", "gateway", "--config", str(cfg), "--transport", "http", "--port", str(port)], port
+
+
 async def gateway_process(config: Path, errlog: Path) -> Any:
     """`python -m gateway --config CONFIG` as a host starts it (anyio process on stdio pipes), its stderr
     appended to `errlog`."""

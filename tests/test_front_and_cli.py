@@ -14,15 +14,18 @@ import httpx2
 import mcp_types as types
 import pytest
 from conftest import (
+    ALICE,
+    BOB,
     PY,
     eventually,
-    free_port,
     gateway_env,
     http_gateway,
     probe,
     run_cli,
     serving,
+    tenant_session,
     text_of,
+    two_tenants,
     wait_listening,
     write_config,
 )
@@ -220,46 +223,14 @@ def test_plugin_selection_trace_and_unknown_plugin(tmp_path: Path) -> None:
     assert "known plugins: documents, memory, monitor, offload" in unknown.stderr
 
 
-ALICE, BOB = "alice-token-0123456789abcdef", "bob-token-0123456789abcdefgh"
-
-
-async def _as(url: str, token: str):
-    """A host session over HTTP with a bearer token ("" = none)."""
-
-    @asynccontextmanager
-    async def session():
-        async with (
-            httpx2.AsyncClient(
-                headers={"Authorization": f"Bearer {token}"} if token else {}, timeout=httpx2.Timeout(30)
-            ) as http,
-            streamable_http_client(url, http_client=http) as (read, write),
-            ClientSession(read, write) as s,
-        ):
-            await s.initialize()
-            yield s
-
-    return session()
-
-
-def _two_tenants(tmp_path: Path, servers: dict[str, Any], plugins: list[str]) -> tuple[list[str], int]:
-    """The command line of an HTTP gateway with two named tokens, alice and bob, and its port."""
-    port = free_port()
-    cfg = write_config(tmp_path, servers, plugins=plugins)
-    cfg.write_text(
-        cfg.read_text()
-        + f'\n[[auth.tokens]]\nname = "alice"\ntoken = "{ALICE}"\n\n[[auth.tokens]]\nname = "bob"\ntoken = "{BOB}"\n'
-    )
-    return [PY, "-m", "gateway", "--config", str(cfg), "--transport", "http", "--port", str(port)], port
-
-
 async def test_named_tokens_each_get_their_own_namespace(tmp_path: Path) -> None:
-    cmd, port = _two_tenants(tmp_path, {"p": probe("p")}, ["offload", "memory", "documents"])
+    cmd, port = two_tenants(tmp_path, {"p": probe("p")}, ["offload", "memory", "documents"])
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, env=gateway_env())
     url = f"http://127.0.0.1:{port}/mcp"
     try:
         wait_listening(f"http://127.0.0.1:{port}/nothing", proc)
         assert httpx2.post(url, json=INIT, headers=JSON_HEADERS).status_code == 401  # no token
-        async with await _as(url, ALICE) as alice, await _as(url, BOB) as bob:
+        async with tenant_session(url, ALICE) as alice, tenant_session(url, BOB) as bob:
             big = await alice.call_tool("p__big", {"size": 300_000, "kind": "text"})
             rid = json.loads(text_of(big))["fileRef"]["id"]
             assert "/ns/alice/responses/" in json.loads(text_of(big))["fileRef"]["path"]
@@ -298,7 +269,7 @@ async def test_metrics_in_prometheus_text_under_the_same_rules(tmp_path: Path) -
 
     with http_gateway(tmp_path) as url:  # loopback, no token: open like /mcp
         metrics_url = url.replace("/mcp", "/metrics")
-        async with await _as(url, "") as host:
+        async with tenant_session(url, "") as host:
             await host.call_tool("p__echo", {"text": "hi"})
             await host.call_tool("p__fail", {})
         page = httpx2.get(metrics_url)
@@ -325,7 +296,7 @@ async def test_metrics_in_prometheus_text_under_the_same_rules(tmp_path: Path) -
 
 def test_a_session_belongs_to_the_token_that_opened_it(tmp_path: Path) -> None:
     """bob, holding alice's `mcp-session-id`, can neither use it nor end it: as for an unknown session."""
-    cmd, port = _two_tenants(tmp_path, {"p": probe("p")}, ["offload"])
+    cmd, port = two_tenants(tmp_path, {"p": probe("p")}, ["offload"])
     url = f"http://127.0.0.1:{port}/mcp"
     with serving(cmd, f"http://127.0.0.1:{port}/nothing", gateway_env()):
         as_alice = JSON_HEADERS | {"authorization": f"Bearer {ALICE}"}
@@ -346,7 +317,7 @@ async def test_an_upstream_question_never_reaches_another_tenant(tmp_path: Path)
     """While bob's call runs on the shared server (it waits on bob's own question), alice's call makes
     the server ask for a completion: the gateway cannot tell whose call asked, so it declines; bob's host
     is never sent alice's prompt. Alone on the server, her question goes to her own host."""
-    cmd, port = _two_tenants(tmp_path, {"p": probe("p")}, [])
+    cmd, port = two_tenants(tmp_path, {"p": probe("p")}, [])
     url = f"http://127.0.0.1:{port}/mcp"
     sampled: dict[str, list[str]] = {"alice": [], "bob": []}
     bob_asked, release_bob = anyio.Event(), anyio.Event()
@@ -410,7 +381,7 @@ async def _modern_tenants(port: int) -> AsyncIterator[tuple[Any, Any]]:
 async def test_sessionless_tenants_see_only_their_own_figures(tmp_path: Path) -> None:
     """2026-era hosts over HTTP send no session id: each token's usage line, offload count and window
     ledger are still its own (they were one "http" connection for every tenant)."""
-    cmd, port = _two_tenants(tmp_path, {"p": probe("p")}, ["offload", "memory", "monitor"])
+    cmd, port = two_tenants(tmp_path, {"p": probe("p")}, ["offload", "memory", "monitor"])
     with serving(cmd, f"http://127.0.0.1:{port}/nothing", gateway_env()):
         async with _modern_tenants(port) as (alice, bob):
             for _ in range(3):
@@ -427,7 +398,7 @@ async def test_one_tenants_open_rounds_never_evict_anothers(tmp_path: Path) -> N
     """2026-era hosts over HTTP: bob opens an `input_required` round, then alice opens 260 she never
     answers (on a server of her own: on a shared one her questions could not be told from his, and are
     declined); bob's answer still resumes his call (a process-wide cap of 256 used to evict it)."""
-    cmd, port = _two_tenants(tmp_path, {"p": probe("p"), "q": probe("q")}, [])
+    cmd, port = two_tenants(tmp_path, {"p": probe("p"), "q": probe("q")}, [])
     with serving(cmd, f"http://127.0.0.1:{port}/nothing", gateway_env()):
         async with _modern_tenants(port) as (alice, bob):
             his = await bob.session.call_tool("p__ask", {}, allow_input_required=True)
@@ -448,7 +419,7 @@ async def test_a_2026_hosts_calls_are_not_counted_as_listings(tmp_path: Path) ->
     """The SDK checks a 2026-era HTTP host's `Mcp-Param-*` headers against the called tool's schema: without
     a schema lookup of the gateway's own it ran the whole tools/list for every call with arguments, and
     the usage figures counted a listing per call."""
-    cmd, port = _two_tenants(tmp_path, {"p": probe("p")}, [])
+    cmd, port = two_tenants(tmp_path, {"p": probe("p")}, [])
     with serving(cmd, f"http://127.0.0.1:{port}/nothing", gateway_env()):
         async with _modern_tenants(port) as (alice, _):
             for i in range(6):
@@ -460,9 +431,9 @@ async def test_a_2026_hosts_calls_are_not_counted_as_listings(tmp_path: Path) ->
 async def test_the_figures_of_the_last_calls_are_written_when_the_gateway_is_stopped(tmp_path: Path) -> None:
     """A signal used to cancel the stats writer before it wrote what was left: the calls of the last few
     seconds before a SIGTERM were lost from `stats`."""
-    cmd, port = _two_tenants(tmp_path, {"p": probe("p")}, [])
+    cmd, port = two_tenants(tmp_path, {"p": probe("p")}, [])
     with serving(cmd, f"http://127.0.0.1:{port}/nothing", gateway_env()) as proc:
-        async with await _as(f"http://127.0.0.1:{port}/mcp", ALICE) as alice:
+        async with tenant_session(f"http://127.0.0.1:{port}/mcp", ALICE) as alice:
             for i in range(3):
                 assert text_of(await alice.call_tool("p__echo", {"text": f"hi {i}"})) == f"hi {i}"
     assert proc.returncode is not None

@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 from conftest import (
+    ALICE,
+    BOB,
     PY,
     RAW_HELLO,
     call,
@@ -23,7 +25,10 @@ from conftest import (
     make_settings,
     probe,
     run_cli,
+    serving,
+    tenant_session,
     text_of,
+    two_tenants,
     write_config,
 )
 
@@ -204,3 +209,38 @@ async def test_documents_written_after_their_folder_was_removed_are_kept(tmp_pat
     assert not first.is_error and not again.is_error
     (found,) = await run(("doc_search", {"query": "spring tide harbour"}))
     assert any("0730" in r["text"] for r in found.structured_content["results"]), text_of(found)
+
+
+async def test_one_tenants_heavy_explore_calls_never_take_anothers_threads(tmp_path: Path) -> None:
+    """alice sends 8 slow searches at once: 4 (her share) run, the rest are told so at once as isError;
+    bob's search meanwhile answers while hers still run."""
+    import anyio
+
+    cmd, port = two_tenants(tmp_path, {"p": probe("p")}, ["offload"])
+    heavy = tmp_path / "ws" / "ns" / "alice" / "responses" / "p__logs-0000a11c.txt"
+    heavy.parent.mkdir(parents=True)
+    with open(heavy, "w") as fh:  # ~2 s of search each on one core; 4 at once share the interpreter
+        fh.writelines(f"line {i} of a long log\n" for i in range(1_000_000))
+    light = tmp_path / "ws" / "ns" / "bob" / "responses" / "p__logs-00000b0b.txt"
+    light.parent.mkdir(parents=True)
+    light.write_text("a short log with a needle\n")
+    url = f"http://127.0.0.1:{port}/mcp"
+    answers: list[Any] = []
+    with serving(cmd, f"http://127.0.0.1:{port}/nothing", gateway_env()):
+        async with tenant_session(url, ALICE) as alice, tenant_session(url, BOB) as bob:
+
+            async def search() -> None:
+                answers.append(await call(alice, "response_search", {"path": "resp_0000a11c", "query": "needle"}))
+
+            with anyio.fail_after(120):
+                async with anyio.create_task_group() as tg:
+                    for _ in range(8):
+                        tg.start_soon(search)
+                    await eventually(lambda: len(answers) >= 4, seconds=60)
+                    refused = [text_of(a) for a in answers]
+                    assert len(refused) == 4 and all("at most 4 at once per caller" in t for t in refused), refused
+                    assert all(a.is_error for a in answers)
+                    theirs = await call(bob, "response_search", {"path": "resp_00000b0b", "query": "needle"})
+                    assert not theirs.is_error and theirs.structured_content["total"] == 1
+                    assert len(answers) == 4  # bob answered while alice's 4 still ran
+            assert len(answers) == 8 and sum(not a.is_error for a in answers) == 4

@@ -101,7 +101,7 @@ def process_alive(pid: int) -> bool:
     """Whether a process with this id runs (files named after their writer's pid are its own)."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # no such process (a number past any pid: none either)
         return False
     except (PermissionError, OSError):
         return True

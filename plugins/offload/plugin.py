@@ -89,7 +89,9 @@ class OffloadPlugin(Plugin):
                 if removed := store.remove_older_than(ttl):
                     log.info("removed %d offloaded responses older than %s h from %s", removed, ttl, store.folder)
             except Exception as exc:
-                log.warning("sweeping %s failed (%s: %s); offload starts all the same", store.folder, type(exc).__name__, exc)
+                log.warning(
+                    "sweeping %s failed (%s: %s); offload starts all the same", store.folder, type(exc).__name__, exc
+                )
 
     async def stop(self) -> None:
         query.stop_all()  # a conversion in the background must not hold the exit

@@ -209,3 +209,10 @@ def test_an_entry_that_will_not_go_is_logged_in_one_line_and_the_sweep_goes_on(
         assert len(warnings) == 1 and "pinned" in warnings[0] and "\n" not in warnings[0]
     finally:
         immutable(stuck / "pinned", on=False)
+
+
+def test_a_temp_name_with_a_pid_past_any_pid_is_a_dead_writers(tmp_path: Path) -> None:
+    store = ResponseStore(tmp_path)
+    odd = tmp_path / ".r-00000001.json.99999999999999999999999.1.tmp"
+    odd.write_text("x")
+    assert store.remove_stale_temp_files() == 1 and not odd.exists()
