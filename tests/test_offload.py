@@ -353,3 +353,58 @@ async def test_the_resource_link_reads_the_saved_result_in_pieces(tmp_path: Path
         assert middle.contents[0].meta["offset"] == 99991 and middle.contents[0].text in text
         with pytest.raises(MCPError, match="no offloaded response has the id"):
             await session.read_resource("gateway-response://resp_00000000")
+
+
+async def test_what_a_crash_left_in_the_responses_folder_never_turns_offload_off(tmp_path: Path) -> None:
+    """A query's spill folder left by a stop at its time limit, a conversion's scratch pieces and DuckDB
+    folder of a gateway killed mid-way, and an entry nothing can remove: the gateway starts, removes what
+    it can, says in one line what it cannot, and offloads as before."""
+    import subprocess
+
+    from conftest import PY, gateway_env
+    from mcp import ClientSession
+
+    from gateway.proxy.upstream_stdio import linear_stdio_client
+    from gateway.services.files import writer_tag
+
+    responses = tmp_path / "ws" / "responses"
+    responses.mkdir(parents=True)
+    spill = responses / ".p__big-0000beef.json.duckdb.tmp"  # a query stopped at its time limit
+    spill.mkdir()
+    (spill / "duckdb_temp_storage-0.tmp").write_bytes(b"\0" * 4096)
+    child = subprocess.Popen(["true"])
+    child.wait()
+    dead = f"{child.pid}~{writer_tag().split('~')[1]}"  # a gateway of this host that is gone
+    scratch = responses / f".p__big-0000beef.json.scratch.{dead}.140.tmp"
+    for piece in (scratch, scratch.with_name(scratch.name + ".1")):
+        piece.write_text("partial")
+    convert_spill = responses / f".p__big-0000beef.json.duckdb.{dead}.140.tmp.tmp"
+    (convert_spill / "inner").mkdir(parents=True)
+    stuck = responses / f".p__big-0000cafe.json.duckdb.{dead}.141.tmp.tmp"
+    stuck.mkdir()
+    (stuck / "pinned").write_text("x")
+    pinned = subprocess.run(["chattr", "+i", str(stuck / "pinned")], capture_output=True).returncode == 0
+    hour_ago = time.time() - 3600
+    os.utime(spill, (hour_ago, hour_ago))
+    cfg = write_config(tmp_path, {"p": probe("p")}, plugins=["offload"])
+    errlog = tmp_path / "gw.err"
+    try:
+        with open(errlog, "wb") as err:
+            async with (
+                linear_stdio_client(PY, ["-m", "gateway", "--config", str(cfg)], gateway_env(), None, err) as streams,
+                ClientSession(*streams) as session,
+            ):
+                await session.initialize()
+                assert "response_outline" in {t.name for t in (await session.list_tools()).tools}
+                big = await call(session, "p__big", {"size": 300_000, "kind": "json"})
+                rid = ref_of(big)["fileRef"]["id"]
+                assert not (await call(session, "response_outline", {"path": rid})).is_error
+    finally:
+        if pinned:
+            subprocess.run(["chattr", "-i", str(stuck / "pinned")])
+    assert not any(p.exists() for p in (spill, scratch, convert_spill))
+    log = errlog.read_text()
+    assert "Traceback" not in log
+    if pinned:
+        said = [line for line in log.splitlines() if "pinned" in line]
+        assert len(said) == 1 and "remove it by hand" in said[0], log

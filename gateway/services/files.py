@@ -77,7 +77,8 @@ def sweep_entry(path: Path) -> bool:
     except FileNotFoundError:
         return False  # gone meanwhile (another gateway's sweep)
     except OSError as exc:
-        log.warning("cannot remove %s (%s); remove it by hand", exc.filename or path, exc.strerror or exc)
+        inside = f" at {exc.filename}" if exc.filename and str(exc.filename) != str(path) else ""
+        log.warning("cannot remove %s (%s%s); remove it by hand", path, exc.strerror or exc, inside)
         return False
     return True
 
