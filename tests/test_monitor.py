@@ -230,3 +230,31 @@ def test_every_argument_of_the_gateways_tools_says_what_it_is() -> None:
                 assert "default" in schema or schema.get("description"), (tool.name, name)
     paths = {t.name: t.input_schema["properties"].get("path", {}) for t in tools if t.name.startswith("response_")}
     assert all("path the fileRef gives" in p["description"] for p in paths.values()), paths
+
+
+async def test_a_fifo_in_place_of_the_bridge_file_never_stalls_the_gateway(tmp_path: Path) -> None:
+    """Anyone on the machine can make `claude-ctx-<id>.json` a FIFO in the shared temp folder: opened for
+    reading it waits for a writer for good, and it used to be opened on the event loop. The gateway
+    answers, on its own estimate."""
+    import os
+
+    import anyio
+    from mcp import ClientSession
+
+    from gateway.proxy.upstream_stdio import linear_stdio_client
+
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    os.mkfifo(folder / "claude-ctx-x.json")
+    cfg = write_config(tmp_path, {"p": probe("p")}, plugins=["memory", "monitor"])
+    env = gateway_env(TMPDIR=str(folder), CTX_HOST_SESSION_ID="x")
+    with open(tmp_path / "gw.err", "wb") as err:
+        async with (
+            linear_stdio_client(PY, ["-m", "gateway", "--config", str(cfg)], env, None, err) as streams,
+            ClientSession(*streams) as session,
+        ):
+            await session.initialize()
+            with anyio.fail_after(30):
+                assert text_of(await call(session, "p__echo", {"text": "hi"})).startswith("hi")
+                status = (await call(session, "context_status", {"session_id": "s"})).structured_content
+            assert "reported by the host" not in json.dumps(status)
