@@ -51,16 +51,16 @@ def temp_writer(name: str) -> str | None:
 
 def remove_entry(path: Path) -> None:
     """Remove a file, a symlink (the link, never what it points to) or a folder with all it holds (symlinks
-    inside are removed, not followed). Raises OSError naming the first entry that would not go; what
-    could go is gone."""
+    inside are removed, not followed). Raises OSError naming the first entry that would not go (what
+    could go is gone), FileNotFoundError when `path` itself was gone already (another sweep took it)."""
     if not stat.S_ISDIR(path.lstat().st_mode):
-        path.unlink(missing_ok=True)
+        path.unlink()
         return
     failed: list[BaseException] = []
 
-    def note(_fn: Any, _where: str, exc: Any) -> None:
+    def note(_fn: Any, where: str, exc: Any) -> None:
         exc = exc if isinstance(exc, BaseException) else exc[1]  # onexc: the exception; onerror: exc_info
-        if not isinstance(exc, FileNotFoundError):
+        if not isinstance(exc, FileNotFoundError) or where == os.fspath(path):
             failed.append(exc)
 
     # the fd-based walk: a symlink inside is unlinked, never entered; every entry that can go goes
