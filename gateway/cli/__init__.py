@@ -90,7 +90,7 @@ Without a command it runs `serve`, which is what a host starts:
 Try it first:
   mcp-context-gateway demo
   mcp-context-gateway inspect --config /absolute/path/gateway.toml
-  npx @modelcontextprotocol/inspector mcp-context-gateway --config /absolute/path/gateway.toml
+  npx @modelcontextprotocol/inspector -- mcp-context-gateway --config /absolute/path/gateway.toml
 Each command has its own --help. --config also reads a host's mcp.json; CTX_CONFIG sets it too."""
 
 # which settings each command reads: the others would be accepted and ignored
