@@ -188,6 +188,19 @@ def _missing_script(cfg: ServerConfig) -> str | None:
     return f"args: the script {script!r} does not exist relative to {folder} ({which}): give its absolute path"
 
 
+def check_variables(settings: Settings) -> None:
+    """Every `${VAR}` an enabled server uses is set, before any server starts: else one ConfigError naming
+    the server (a server started without it would only fail, again and again, for the same reason)."""
+    for name, cfg in settings.enabled_servers.items():
+        try:
+            cfg.expanded()
+        except ConfigError as exc:
+            raise ConfigError(
+                f"server {name!r}: {exc}: set it in the environment the host starts the gateway with, or write "
+                "the value in the config"
+            ) from None
+
+
 def check_port(settings: Settings) -> None:
     """The HTTP front's port can be bound (nothing else listens there); else a one-line ConfigError."""
     import socket

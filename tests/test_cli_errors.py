@@ -124,3 +124,38 @@ def test_a_normal_http_start_is_no_warning(tmp_path: Path) -> None:
         pass
     text = log.read_text()
     assert f"serving Streamable HTTP at http://127.0.0.1:{port}/mcp" in text and "WARNING" not in text, text
+
+
+def test_an_unset_variable_is_one_line_at_start(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, {"x": probe("x", env={"API_KEY": "${CTX_TEST_UNSET_KEY}"})})
+    for command in ("inspect", "serve"):
+        err = failed(run_cli(command, "--config", str(cfg), timeout=30), "server 'x': ${CTX_TEST_UNSET_KEY}")
+        assert len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.anyio
+async def test_a_server_whose_variable_is_unset_fails_once_and_says_fix_the_config(tmp_path: Path) -> None:
+    """Reached without the start-up check (settings built in-process): no restart loop, the calls say why."""
+    from conftest import call, eventually, inproc, make_settings, text_of
+
+    settings = make_settings(tmp_path, {"x": probe("x", env={"API_KEY": "${CTX_TEST_UNSET_KEY}"})})
+    async with inproc(settings) as (gateway, session):
+        up = gateway.upstreams["x"]
+        await eventually(lambda: up.state == "failed")
+        assert up.next_retry_at is None
+        text = text_of(await call(session, "x__add", {"a": 1, "b": 2}))
+        assert "fix the config: ${CTX_TEST_UNSET_KEY} is used in the config" in text, text
+        assert "Try again" not in text and "restarts it" not in text, text
+
+
+def test_import_keeps_a_variable_unset_in_this_shell(tmp_path: Path) -> None:
+    import json
+    import tomllib
+
+    path = tmp_path / "mcp.json"
+    entry = {"command": "echo", "env": {"API_KEY": "${CTX_TEST_UNSET_KEY}"}}
+    path.write_text(json.dumps({"mcpServers": {"a": entry}}))
+    out = run_cli("import", str(path))
+    assert out.returncode == 0, out.stderr
+    assert tomllib.loads(out.stdout)["servers"]["a"]["env"] == {"API_KEY": "${CTX_TEST_UNSET_KEY}"}
+    assert "Traceback" not in out.stderr

@@ -20,6 +20,7 @@ from gateway.settings import (
     LLMSettings,
     Settings,
     StorageSettings,
+    check_variables,
     load_settings,
 )
 
@@ -146,7 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _settings(args: argparse.Namespace) -> Settings:
     overrides = {flat: getattr(args, flat, None) for flat in FLAT_KEYS if hasattr(args, flat)}
-    return load_settings(args.config, overrides)
+    settings = load_settings(args.config, overrides)
+    if args.command in ("serve", "inspect", "demo"):  # those that start servers (serve: also on reload)
+        check_variables(settings)
+    return settings
 
 
 def main(argv: list[str] | None = None) -> int:

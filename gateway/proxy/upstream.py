@@ -33,7 +33,7 @@ from gateway.proxy.upstream_http import SpoolingTransport
 from gateway.proxy.upstream_stdio import linear_stdio_client
 from gateway.results import error_result
 from gateway.services.spill import Spiller
-from gateway.settings import ServerConfig
+from gateway.settings import ConfigError, ServerConfig
 
 log = logging.getLogger("gateway.upstream")
 
@@ -124,6 +124,7 @@ class Upstream:
         self.templates: list[types.ResourceTemplate] = []
         self.prompts: list[types.Prompt] = []
         self.restarts = 0
+        self.config_broken = False  # failed for a config error (`${VAR}` not set): restarting cannot help
         self.next_retry_at: float | None = None
         self.ready = anyio.Event()  # set after the first attempt, whatever its outcome
         self.finished = anyio.Event()  # set when the owner task has stopped the server
@@ -165,6 +166,10 @@ class Upstream:
             began = time.monotonic()
             try:
                 await self._connect_and_serve()
+            except ConfigError as exc:  # a `${VAR}` not set: no restart can fix that, only the config
+                self.session = None
+                await self._config_failed(str(exc))
+                break
             except Exception as exc:  # includes ExceptionGroups from transport task groups
                 reason = describe(exc)
                 if reason.startswith("command not found"):  # say what to install
@@ -196,6 +201,17 @@ class Upstream:
         self.state = "stopped"
         self.ready.set()
         self.finished.set()
+
+    async def _config_failed(self, why: str) -> None:
+        """Failed until the config changes (a reload replaces this upstream): no restart loop."""
+        self.state, self.error, self.next_retry_at = "failed", f"fix the config: {why}", None
+        self.config_broken = True
+        log.warning("upstream %s: %s", self.name, self.error)
+        self.ready.set()
+        await self._notify()
+        while not self._stopping:
+            self._wake = anyio.Event()
+            await self._wake.wait()
 
     @asynccontextmanager
     async def _transport(self) -> AsyncIterator[tuple[Any, Any]]:
@@ -353,6 +369,10 @@ class Upstream:
         retry = ""
         if self.next_retry_at is not None:
             retry = f"; the gateway restarts it in {max(0, self.next_retry_at - time.time()):.0f} s"
+        if self.config_broken:
+            return (
+                f"Upstream server '{self.name}' cannot start: {self.error}. Retrying will not help until it is fixed."
+            )
         state = "is still starting" if self.state == "starting" else f"is not available ({self.error})"
         return f"Upstream server '{self.name}' {state}{retry}. Try again shortly, or use another server's tools."
 
