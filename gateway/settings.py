@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import sys
 import tomllib
@@ -108,6 +109,13 @@ class ServerConfig(BaseModel):
     offload: OffloadPolicy = "auto"
     offload_tools: dict[str, OffloadPolicy] = Field(default_factory=dict)
 
+    @field_validator("args", mode="before")
+    @classmethod
+    def _args_list(cls, value: Any) -> Any:
+        if isinstance(value, str):  # `args = "-m foo"`: pydantic would only say "Input should be a valid list"
+            raise ValueError(f"args is a list, one item per argument: args = {_toml_value(_words(value))}")
+        return value
+
     def offload_policy(self, tool: str) -> OffloadPolicy:
         """The offload policy for one of this server's tools (by its own name)."""
         return self.offload_tools.get(tool, self.offload)
@@ -148,6 +156,12 @@ class ServerConfig(BaseModel):
             found = shutil.which(command, path=search)
         if found:
             return None
+        words = _words(command) if " " in command.strip() else []
+        if words and (shutil.which(words[0], path=search) or os.path.isfile(os.path.expanduser(words[0]))):
+            return (
+                f"command {command!r} holds its arguments too: give them in args, one item each: "
+                f"command = {_toml_value(words[0])}, args = {_toml_value(words[1:] + cfg.args)}"
+            )
         hint = LAUNCHER_HINTS.get(program_name(command), "install it, or give its absolute path")
         return (
             f"command not found: {command} ({hint}; hosts start the gateway with their own PATH, so an absolute "
@@ -166,6 +180,14 @@ class ServerConfig(BaseModel):
                 "headers": {k: expand_vars(v) for k, v in self.headers.items()},
             }
         )
+
+
+def _words(text: str) -> list[str]:
+    """A command line as its words, quotes honoured where they balance."""
+    try:
+        return shlex.split(text)
+    except ValueError:
+        return text.split()
 
 
 def program_name(command: str) -> str:

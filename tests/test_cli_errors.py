@@ -66,7 +66,7 @@ def test_a_server_that_exits_at_once_shows_its_stderr(tmp_path: Path) -> None:
     out = run_cli("inspect", "--config", str(cfg))
     text = " ".join(out.stdout.split())
     assert out.returncode == 2 and "Traceback" not in out.stderr
-    assert "dies: failed: the server exited during start-up; its last stderr line: missing API key FOO_TOKEN" in text
+    assert "dies: failed: the server exited during start-up; its stderr says: missing API key FOO_TOKEN" in text
 
 
 def test_unknown_command_and_help(tmp_path: Path) -> None:
@@ -159,3 +159,41 @@ def test_import_keeps_a_variable_unset_in_this_shell(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert tomllib.loads(out.stdout)["servers"]["a"]["env"] == {"API_KEY": "${CTX_TEST_UNSET_KEY}"}
     assert "Traceback" not in out.stderr
+
+
+NPM_404 = """import sys
+for line in ["npm error code E404", "npm error 404 Not Found - GET https://registry.npmjs.org/nope", "npm error 404",
+             "npm error 404  The requested resource 'nope@*' could not be found", "npm error 404",
+             "npm error 404 Note that you can also install from a", "npm error 404 tarball, folder, http url, or git url.",
+             "npm error A complete log of this run can be found in: /root/.npm/_logs/x-debug-0.log"]:
+    print(line, file=sys.stderr)
+sys.exit(1)
+"""
+
+
+def test_failed_starts_say_why(tmp_path: Path) -> None:
+    """npm's 404, a banner on stdout, a program that echoes, arguments in `command`: each problem names its cause."""
+    servers = {
+        "npm": {"command": PY, "args": ["-c", NPM_404]},
+        "banner": {
+            "command": PY,
+            "args": ["-c", "import time; print('Starting server...', flush=True); time.sleep(60)"],
+        },
+        "cat": {"command": "/bin/cat"},
+        "onestr": {"command": f"{PY} -m foo"},
+    }
+    servers["banner"]["init_timeout_seconds"] = 3
+    out = run_cli("inspect", "--config", str(write_config(tmp_path, servers)), timeout=60)
+    text = " ".join(out.stdout.split())
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "its stderr says: npm error 404 The requested resource 'nope@*' could not be found" in text, text
+    assert "complete log" not in text, text
+    assert "it wrote to stdout not JSON: 'Starting server...'" in text, text
+    assert "cat: failed: it does not speak MCP" in text, text
+    assert f'holds its arguments too: give them in args, one item each: command = "{PY}", args = ["-m", "foo"]' in text
+
+
+def test_args_given_as_a_string(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, {})
+    cfg.write_text(cfg.read_text() + f'\n[servers.x]\ncommand = "{PY}"\nargs = "-m foo"\n')
+    failed(run_cli("inspect", "--config", str(cfg)), 'args is a list, one item per argument: args = ["-m", "foo"]')

@@ -34,7 +34,7 @@ async def inspect_report(settings: Settings) -> tuple[str, int]:
             tools = by_server[name]
             rows.append([name, up.transport, up.state, str(len(tools)), f"~{definition_tokens(tools):,} tokens"])
             if up.state != "ok":
-                reason = up.error or "no answer yet"
+                reason = (up.error or "no answer yet") + (up.stdout_note() if up.state == "starting" else "")
                 problem = up.error if up.config_broken else up.config.command_problem()
                 # 2: the setup must change (a command not on PATH, a server that exits at once: a missing
                 # key or argument); 1: the server failed otherwise (timed out, refused, went away)
