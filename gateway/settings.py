@@ -531,6 +531,10 @@ class Settings(BaseSettings):
 
 def read_config_file(path: Path) -> dict[str, Any]:
     """A gateway TOML file, or a host `mcp.json` (`{"mcpServers": {...}}`), as a settings dict."""
+    if path.is_dir():
+        inside = sorted(p.name for p in path.glob("*") if p.suffix.lower() in (".toml", ".json"))[:3]
+        named = f" ({', '.join(inside)} are there)" if inside else ""
+        raise ConfigError(f"--config {path} is a folder: name a file in it, e.g. {path / 'gateway.toml'}{named}")
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist (pass --config with an absolute path)")
     try:

@@ -197,3 +197,13 @@ def test_args_given_as_a_string(tmp_path: Path) -> None:
     cfg = write_config(tmp_path, {})
     cfg.write_text(cfg.read_text() + f'\n[servers.x]\ncommand = "{PY}"\nargs = "-m foo"\n')
     failed(run_cli("inspect", "--config", str(cfg)), 'args is a list, one item per argument: args = ["-m", "foo"]')
+
+
+def test_a_misspelt_option_a_folder_as_config_and_the_demo_workspace(tmp_path: Path) -> None:
+    out = run_cli("inspect", "--confg", "x")
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1].endswith("unrecognized arguments: --confg x (did you mean --config?)")
+    assert "usage: mcp-context-gateway inspect" in out.stderr  # the command's usage, not the top level's
+    failed(run_cli("inspect", "--config", str(tmp_path)), f"--config {tmp_path} is a folder: name a file in it")
+    demo = " ".join(run_cli("demo", "--help").stdout.split())
+    assert "a new temporary folder" in demo and ".local/share" not in demo, demo

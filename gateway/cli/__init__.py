@@ -41,7 +41,9 @@ def _default_text(section: str, key: str) -> str:
     return str(value)
 
 
-def _add_setting_flags(parser: argparse.ArgumentParser, only: tuple[str, ...] | None = None) -> None:
+def _add_setting_flags(
+    parser: argparse.ArgumentParser, only: tuple[str, ...] | None = None, helps: dict[str, str] | None = None
+) -> None:
     group = parser.add_argument_group("settings (override the config file and CTX_* variables)")
     models = SECTIONS
     for flat, where in FLAT_KEYS.items():
@@ -63,6 +65,8 @@ def _add_setting_flags(parser: argparse.ArgumentParser, only: tuple[str, ...] | 
             "default": None,
             "help": f"{field.description} (default {_default_text(section, key)}; [{section}] {key}, {env})",
         }
+        if flat in (helps or {}):
+            kwargs["help"] = (helps or {})[flat]
         annotation = field.annotation
         if get_args(annotation) and type(None) in get_args(annotation):  # `list[str] | None`
             annotation = next(a for a in get_args(annotation) if a is not type(None))
@@ -104,8 +108,14 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...] | None] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+# settings whose help differs for one command
+COMMAND_HELPS: dict[str, dict[str, str]] = {
+    "demo": {"workspace": "folder for the demo's files (default: a new temporary folder, removed afterwards)"},
+}
+
+
+def build_parser() -> Parser:
+    parser = Parser(
         prog="mcp-context-gateway",
         description="One MCP entry that fronts many MCP servers and keeps oversized results out of the context.",
         epilog=EPILOG,
@@ -115,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser.add_argument("--version", action="version", version=f"mcp-context-gateway {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="command")
+    commands = parser.commands = {}
     specs = {
         "serve": "run the gateway for a host (the default; stdio unless --transport http)",
         "inspect": "start every server once and print what the host would receive (exit 1 or 2: a server failed)",
@@ -141,8 +152,29 @@ def build_parser() -> argparse.ArgumentParser:
             "--config", "-c", help="gateway TOML or host mcp.json, absolute path (default: none; CTX_CONFIG)"
         )
         p.add_argument("--verbose", "-v", action="store_true", help="log at INFO level to stderr")
-        _add_setting_flags(p, COMMAND_SETTINGS[name])
+        _add_setting_flags(p, COMMAND_SETTINGS[name], COMMAND_HELPS.get(name))
+        commands[name] = p
     return parser
+
+
+class Parser(argparse.ArgumentParser):
+    """Unknown options are reported by the command they were given to, with the nearest known one."""
+
+    commands: dict[str, argparse.ArgumentParser]
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            where = self.commands.get(getattr(parsed, "command", None) or "", self)
+            known = [o for action in where._actions for o in action.option_strings if o.startswith("--")]
+            hints = [
+                close[0]
+                for word in extra
+                if word.startswith("--") and (close := difflib.get_close_matches(word.split("=")[0], known, n=1))
+            ]
+            hint = f" (did you mean {' and '.join(hints)}?)" if hints else ""
+            where.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+        return parsed
 
 
 def _settings(args: argparse.Namespace) -> Settings:
