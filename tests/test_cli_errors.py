@@ -207,3 +207,12 @@ def test_a_misspelt_option_a_folder_as_config_and_the_demo_workspace(tmp_path: P
     failed(run_cli("inspect", "--config", str(tmp_path)), f"--config {tmp_path} is a folder: name a file in it")
     demo = " ".join(run_cli("demo", "--help").stdout.split())
     assert "a new temporary folder" in demo and ".local/share" not in demo, demo
+
+
+def test_inspect_verbose_lists_each_tool_and_its_cost(tmp_path: Path) -> None:
+    import re
+
+    out = run_cli("inspect", "-v", "--config", str(write_config(tmp_path, {"p": probe("p")})))
+    assert out.returncode == 0, out.stderr
+    assert re.search(r"^p\s+p__add\s+~\d+ tokens$", out.stdout, re.M), out.stdout
+    assert re.search(r"^p\s+p__echo\s+~\d+ tokens$", out.stdout, re.M), out.stdout

@@ -151,7 +151,10 @@ def build_parser() -> Parser:
         p.add_argument(
             "--config", "-c", help="gateway TOML or host mcp.json, absolute path (default: none; CTX_CONFIG)"
         )
-        p.add_argument("--verbose", "-v", action="store_true", help="log at INFO level to stderr")
+        verbose = "log at INFO level to stderr" + (
+            "; list every tool and its definition's tokens" if name == "inspect" else ""
+        )
+        p.add_argument("--verbose", "-v", action="store_true", help=verbose)
         _add_setting_flags(p, COMMAND_SETTINGS[name], COMMAND_HELPS.get(name))
         commands[name] = p
     return parser
@@ -244,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "inspect":
             from gateway.cli.inspect import cmd_inspect
 
-            return cmd_inspect(settings)
+            return cmd_inspect(settings, args.verbose)
         if args.command == "demo":
             from gateway.cli.demo import cmd_demo
 
