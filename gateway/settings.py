@@ -25,6 +25,7 @@ log = logging.getLogger("gateway.settings")
 SERVER_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]|_(?!_))*$")
 MIN_RESPONSE_SIZE = 256
 MAX_RESPONSE_SIZE = 10 * 1024 * 1024
+MIN_TOKEN_LENGTH = 16  # bearer tokens, named or not
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
 LAUNCHER_HINTS = {
     "npx": "npx comes with Node.js: install Node.js",
@@ -323,6 +324,15 @@ class GatewaySettings(BaseModel):
             raise ValueError(f"port {value} is out of range: give a port between 1 and 65535 (default 8808)")
         return value
 
+    @field_validator("auth_token")
+    @classmethod
+    def _token_length(cls, value: str) -> str:
+        if value and len(value) < MIN_TOKEN_LENGTH:  # as for [[auth.tokens]]: a guessable token guards nothing
+            raise ValueError(
+                f"auth_token must be at least {MIN_TOKEN_LENGTH} characters (use a random one: openssl rand -hex 24)"
+            )
+        return value
+
     @field_validator("workspace", mode="before")
     @classmethod
     def _expand_workspace(cls, value: Any) -> Any:
@@ -380,8 +390,10 @@ class NamedToken(BaseModel):
     @classmethod
     def _expand(cls, value: Any) -> Any:
         value = expand_vars(value) if isinstance(value, str) else value
-        if not isinstance(value, str) or len(value) < 16:
-            raise ValueError("a token must be at least 16 characters (use a random one: openssl rand -hex 24)")
+        if not isinstance(value, str) or len(value) < MIN_TOKEN_LENGTH:
+            raise ValueError(
+                f"a token must be at least {MIN_TOKEN_LENGTH} characters (use a random one: openssl rand -hex 24)"
+            )
         return value
 
 

@@ -216,3 +216,10 @@ def test_inspect_verbose_lists_each_tool_and_its_cost(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert re.search(r"^p\s+p__add\s+~\d+ tokens$", out.stdout, re.M), out.stdout
     assert re.search(r"^p\s+p__echo\s+~\d+ tokens$", out.stdout, re.M), out.stdout
+
+
+def test_a_short_auth_token_is_refused(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, {})
+    out = run_cli("serve", "--config", str(cfg), "--transport", "http", "--auth-token", "change-me", timeout=30)
+    err = failed(out, "auth_token must be at least 16 characters", "openssl rand -hex 24")
+    assert len(err.strip().splitlines()) <= 2, err
