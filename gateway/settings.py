@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import sys
 import tomllib
@@ -24,6 +25,7 @@ log = logging.getLogger("gateway.settings")
 SERVER_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]|_(?!_))*$")
 MIN_RESPONSE_SIZE = 256
 MAX_RESPONSE_SIZE = 10 * 1024 * 1024
+MIN_TOKEN_LENGTH = 16  # bearer tokens, named or not
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
 LAUNCHER_HINTS = {
     "npx": "npx comes with Node.js: install Node.js",
@@ -108,6 +110,13 @@ class ServerConfig(BaseModel):
     offload: OffloadPolicy = "auto"
     offload_tools: dict[str, OffloadPolicy] = Field(default_factory=dict)
 
+    @field_validator("args", mode="before")
+    @classmethod
+    def _args_list(cls, value: Any) -> Any:
+        if isinstance(value, str):  # `args = "-m foo"`: pydantic would only say "Input should be a valid list"
+            raise ValueError(f"args is a list, one item per argument: args = {_toml_value(_words(value))}")
+        return value
+
     def offload_policy(self, tool: str) -> OffloadPolicy:
         """The offload policy for one of this server's tools (by its own name)."""
         return self.offload_tools.get(tool, self.offload)
@@ -148,6 +157,12 @@ class ServerConfig(BaseModel):
             found = shutil.which(command, path=search)
         if found:
             return None
+        words = _words(command) if " " in command.strip() else []
+        if words and (shutil.which(words[0], path=search) or os.path.isfile(os.path.expanduser(words[0]))):
+            return (
+                f"command {command!r} holds its arguments too: give them in args, one item each: "
+                f"command = {_toml_value(words[0])}, args = {_toml_value(words[1:] + cfg.args)}"
+            )
         hint = LAUNCHER_HINTS.get(program_name(command), "install it, or give its absolute path")
         return (
             f"command not found: {command} ({hint}; hosts start the gateway with their own PATH, so an absolute "
@@ -168,6 +183,14 @@ class ServerConfig(BaseModel):
         )
 
 
+def _words(text: str) -> list[str]:
+    """A command line as its words, quotes honoured where they balance."""
+    try:
+        return shlex.split(text)
+    except ValueError:
+        return text.split()
+
+
 def program_name(command: str) -> str:
     """`/usr/bin/Python3.exe` -> `python3`: the program a command runs, as the hints know it."""
     return os.path.basename(command).lower().removesuffix(".exe").removesuffix(".cmd")
@@ -186,6 +209,19 @@ def _missing_script(cfg: ServerConfig) -> str | None:
         return None
     which = "the server's cwd" if cfg.cwd else "the folder the gateway was started in"
     return f"args: the script {script!r} does not exist relative to {folder} ({which}): give its absolute path"
+
+
+def check_variables(settings: Settings) -> None:
+    """Every `${VAR}` an enabled server uses is set, before any server starts: else one ConfigError naming
+    the server (a server started without it would only fail, again and again, for the same reason)."""
+    for name, cfg in settings.enabled_servers.items():
+        try:
+            cfg.expanded()
+        except ConfigError as exc:
+            raise ConfigError(
+                f"server {name!r}: {exc}: set it in the environment the host starts the gateway with, or write "
+                "the value in the config"
+            ) from None
 
 
 def check_port(settings: Settings) -> None:
@@ -288,6 +324,15 @@ class GatewaySettings(BaseModel):
             raise ValueError(f"port {value} is out of range: give a port between 1 and 65535 (default 8808)")
         return value
 
+    @field_validator("auth_token")
+    @classmethod
+    def _token_length(cls, value: str) -> str:
+        if value and len(value) < MIN_TOKEN_LENGTH:  # as for [[auth.tokens]]: a guessable token guards nothing
+            raise ValueError(
+                f"auth_token must be at least {MIN_TOKEN_LENGTH} characters (use a random one: openssl rand -hex 24)"
+            )
+        return value
+
     @field_validator("workspace", mode="before")
     @classmethod
     def _expand_workspace(cls, value: Any) -> Any:
@@ -345,8 +390,10 @@ class NamedToken(BaseModel):
     @classmethod
     def _expand(cls, value: Any) -> Any:
         value = expand_vars(value) if isinstance(value, str) else value
-        if not isinstance(value, str) or len(value) < 16:
-            raise ValueError("a token must be at least 16 characters (use a random one: openssl rand -hex 24)")
+        if not isinstance(value, str) or len(value) < MIN_TOKEN_LENGTH:
+            raise ValueError(
+                f"a token must be at least {MIN_TOKEN_LENGTH} characters (use a random one: openssl rand -hex 24)"
+            )
         return value
 
 
@@ -496,6 +543,10 @@ class Settings(BaseSettings):
 
 def read_config_file(path: Path) -> dict[str, Any]:
     """A gateway TOML file, or a host `mcp.json` (`{"mcpServers": {...}}`), as a settings dict."""
+    if path.is_dir():
+        inside = sorted(p.name for p in path.glob("*") if p.suffix.lower() in (".toml", ".json"))[:3]
+        named = f" ({', '.join(inside)} are there)" if inside else ""
+        raise ConfigError(f"--config {path} is a folder: name a file in it, e.g. {path / 'gateway.toml'}{named}")
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist (pass --config with an absolute path)")
     try:

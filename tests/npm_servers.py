@@ -67,6 +67,18 @@ def conformance_cli() -> str:
     return str(path)
 
 
+INSPECTOR = "@modelcontextprotocol/inspector@2.12.0"
+
+
+def inspector_cli() -> list[str]:
+    """`npx @modelcontextprotocol/inspector` as an argv: Node.js 22 and the Inspector's launcher."""
+    node = node22()
+    path = NPM_DIR / "node_modules" / "@modelcontextprotocol" / "inspector" / "clients" / "launcher" / "build"
+    if not (path / "index.js").exists():
+        _install(INSPECTOR)
+    return [node, str(path / "index.js")]
+
+
 def _install(*packages: str) -> None:
     NPM_DIR.mkdir(parents=True, exist_ok=True)
     subprocess.run(

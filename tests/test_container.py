@@ -52,14 +52,16 @@ def image() -> Iterator[str]:
 
 @pytest.fixture
 def config(tmp_path: Path) -> Path:
-    path = tmp_path / "gateway.toml"
+    folder = tmp_path / "config"  # the folder is mounted, as the README says (live reload sees saves by rename)
+    folder.mkdir(mode=0o755)
+    path = folder / "gateway.toml"
     path.write_text(CONFIG)
     path.chmod(0o644)
     return path
 
 
 async def test_stdio_offloads_into_the_volume_and_says_where_the_host_sees_it(image: str, config: Path) -> None:
-    argv = ["run", "-i", "--rm", "-v", f"{config}:/config/gateway.toml:ro", "-e", "CTX_WORKSPACE_ON_HOST=/home/me/gw"]
+    argv = ["run", "-i", "--rm", "-v", f"{config.parent}:/config:ro", "-e", "CTX_WORKSPACE_ON_HOST=/home/me/gw"]
     params = StdioServerParameters(command="podman", args=[*argv, image], env={**os.environ, **CONF})
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
@@ -76,7 +78,7 @@ async def test_stdio_offloads_into_the_volume_and_says_where_the_host_sees_it(im
 async def test_http_needs_its_token_and_serves_from_outside_the_container(image: str, config: Path) -> None:
     port = free_port()
     token = "t0ken-for-the-container-test"
-    run = ["run", "-d", "--rm", "-p", f"127.0.0.1:{port}:8808", "-v", f"{config}:/config/gateway.toml:ro"]
+    run = ["run", "-d", "--rm", "-p", f"127.0.0.1:{port}:8808", "-v", f"{config.parent}:/config:ro"]
     started = _podman(*run, "-e", "CTX_TRANSPORT=http", "-e", f"CTX_AUTH_TOKEN={token}", image)
     container = started.stdout.strip()
     try:

@@ -86,11 +86,11 @@ def test_non_loopback_needs_a_token(tmp_path: Path) -> None:
     refused = subprocess.run(cmd, capture_output=True, text=True, timeout=30, env=gateway_env())
     assert refused.returncode == 2
     assert "auth_token" in refused.stderr and "Traceback" not in refused.stderr
-    with http_gateway(tmp_path, host="127.0.0.2", env={"CTX_AUTH_TOKEN": "t0ken"}) as url:
+    with http_gateway(tmp_path, host="127.0.0.2", env={"CTX_AUTH_TOKEN": "t0ken-of-16-characters"}) as url:
         assert httpx2.post(url, json=INIT, headers=JSON_HEADERS).status_code == 401
         wrong = httpx2.post(url, json=INIT, headers=JSON_HEADERS | {"authorization": "Bearer nope"})
         assert wrong.status_code == 401
-        good = httpx2.post(url, json=INIT, headers=JSON_HEADERS | {"authorization": "Bearer t0ken"})
+        good = httpx2.post(url, json=INIT, headers=JSON_HEADERS | {"authorization": "Bearer t0ken-of-16-characters"})
         assert good.status_code == 200
 
 
@@ -286,11 +286,13 @@ async def test_metrics_in_prometheus_text_under_the_same_rules(tmp_path: Path) -
         assert samples[("mcp_gateway_call_seconds_count", (("server", "p"),))] == 2
         # a page from another site cannot read it (DNS rebinding: the Host header is checked)
         assert httpx2.get(metrics_url, headers={"host": "evil.example"}).status_code in (403, 421)
-    with http_gateway(tmp_path, host="0.0.0.0", env={"CTX_AUTH_TOKEN": "t0ken"}) as url:  # off loopback
+    with http_gateway(
+        tmp_path, host="0.0.0.0", env={"CTX_AUTH_TOKEN": "t0ken-of-16-characters"}
+    ) as url:  # off loopback
         metrics_url = url.replace("0.0.0.0", "127.0.0.1").replace("/mcp", "/metrics")
         assert httpx2.get(metrics_url).status_code == 401
         assert httpx2.get(metrics_url, headers={"authorization": "Bearer nope"}).status_code == 401
-        good = httpx2.get(metrics_url, headers={"authorization": "Bearer t0ken"})
+        good = httpx2.get(metrics_url, headers={"authorization": "Bearer t0ken-of-16-characters"})
         assert good.status_code == 200 and "mcp_gateway_upstream_up" in good.text
 
 

@@ -338,3 +338,15 @@ def test_two_processes_append_to_one_session(tmp_path: Path, storage: Any) -> No
     assert sorted(r["text"] for r in records if r["text"].startswith("alpha")) == sorted(
         f"alpha {i}" for i in range(60)
     )
+
+
+async def test_nothing_to_fold_says_why(tmp_path: Path) -> None:
+    async with inproc(memory_settings(tmp_path)) as (_, s):
+        sid = {"session_id": "two"}
+        for text in ("first note", "second note"):
+            await ok(s, "context_append", {**sid, "text": text})
+        answer = await ok(s, "context_compact", {**sid, "keep_recent": 1, "dry_run": True})
+        assert answer["note"] == (
+            "nothing to fold: only 1 unpinned note older than the 1 kept recent (keep_recent=1), and a fold needs 2 "
+            "or more; lower keep_recent"
+        ), answer

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -211,3 +212,32 @@ async def test_everything_server_questions_reach_a_2026_host(tmp_path: Path, tra
             assert '"text": "teal"' in sampled
             assert "projects" in text_of(await client.call_tool("ev__get-roots-list", {}))
             assert ASKED[:3] == ["elicitation", "sampling", "roots"]
+
+
+@pytest.mark.npm
+def test_the_readme_inspector_command_reaches_the_gateway(tmp_path: Path) -> None:
+    """The README's Inspector line as written (its CLI mode listing tools) starts the gateway with its config."""
+    import os
+    import shlex
+    import subprocess
+    import sys
+
+    from conftest import ROOT, gateway_env, probe, write_config
+    from npm_servers import inspector_cli
+
+    line = next(ln for ln in (ROOT / "README.md").read_text().splitlines() if ln.startswith("npx @model"))
+    argv = shlex.split(line)
+    assert argv[:2] == ["npx", "@modelcontextprotocol/inspector"], line
+    real = {
+        "/abs/.venv/bin/mcp-context-gateway": str(Path(sys.executable).parent / "mcp-context-gateway"),
+        "/abs/gateway.toml": str(write_config(tmp_path, {"p": probe("p")})),
+    }
+    rest = [real.get(a, a) for a in argv[2:]]
+    split = rest.index("--") if "--" in rest else 0
+    command = [*inspector_cli(), *rest[:split], "--cli", "--method", "tools/list", *rest[split:]]
+    node_dir = os.path.dirname(command[0])
+    env = gateway_env(PATH=f"{node_dir}{os.pathsep}{os.environ['PATH']}")
+    out = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stdout + out.stderr
+    names = {tool["name"] for tool in json.loads(out.stdout)["tools"]}
+    assert "p__add" in names, names

@@ -20,6 +20,7 @@ from gateway.settings import (
     LLMSettings,
     Settings,
     StorageSettings,
+    check_variables,
     load_settings,
 )
 
@@ -40,7 +41,9 @@ def _default_text(section: str, key: str) -> str:
     return str(value)
 
 
-def _add_setting_flags(parser: argparse.ArgumentParser, only: tuple[str, ...] | None = None) -> None:
+def _add_setting_flags(
+    parser: argparse.ArgumentParser, only: tuple[str, ...] | None = None, helps: dict[str, str] | None = None
+) -> None:
     group = parser.add_argument_group("settings (override the config file and CTX_* variables)")
     models = SECTIONS
     for flat, where in FLAT_KEYS.items():
@@ -62,6 +65,8 @@ def _add_setting_flags(parser: argparse.ArgumentParser, only: tuple[str, ...] | 
             "default": None,
             "help": f"{field.description} (default {_default_text(section, key)}; [{section}] {key}, {env})",
         }
+        if flat in (helps or {}):
+            kwargs["help"] = (helps or {})[flat]
         annotation = field.annotation
         if get_args(annotation) and type(None) in get_args(annotation):  # `list[str] | None`
             annotation = next(a for a in get_args(annotation) if a is not type(None))
@@ -90,7 +95,7 @@ Without a command it runs `serve`, which is what a host starts:
 Try it first:
   mcp-context-gateway demo
   mcp-context-gateway inspect --config /absolute/path/gateway.toml
-  npx @modelcontextprotocol/inspector mcp-context-gateway --config /absolute/path/gateway.toml
+  npx @modelcontextprotocol/inspector -- mcp-context-gateway --config /absolute/path/gateway.toml
 Each command has its own --help. --config also reads a host's mcp.json; CTX_CONFIG sets it too."""
 
 # which settings each command reads: the others would be accepted and ignored
@@ -103,8 +108,14 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...] | None] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+# settings whose help differs for one command
+COMMAND_HELPS: dict[str, dict[str, str]] = {
+    "demo": {"workspace": "folder for the demo's files (default: a new temporary folder, removed afterwards)"},
+}
+
+
+def build_parser() -> Parser:
+    parser = Parser(
         prog="mcp-context-gateway",
         description="One MCP entry that fronts many MCP servers and keeps oversized results out of the context.",
         epilog=EPILOG,
@@ -114,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser.add_argument("--version", action="version", version=f"mcp-context-gateway {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="command")
+    commands = parser.commands = {}
     specs = {
         "serve": "run the gateway for a host (the default; stdio unless --transport http)",
         "inspect": "start every server once and print what the host would receive (exit 1 or 2: a server failed)",
@@ -139,14 +151,41 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--config", "-c", help="gateway TOML or host mcp.json, absolute path (default: none; CTX_CONFIG)"
         )
-        p.add_argument("--verbose", "-v", action="store_true", help="log at INFO level to stderr")
-        _add_setting_flags(p, COMMAND_SETTINGS[name])
+        verbose = "log at INFO level to stderr" + (
+            "; list every tool and its definition's tokens" if name == "inspect" else ""
+        )
+        p.add_argument("--verbose", "-v", action="store_true", help=verbose)
+        _add_setting_flags(p, COMMAND_SETTINGS[name], COMMAND_HELPS.get(name))
+        commands[name] = p
     return parser
+
+
+class Parser(argparse.ArgumentParser):
+    """Unknown options are reported by the command they were given to, with the nearest known one."""
+
+    commands: dict[str, argparse.ArgumentParser]
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            where = self.commands.get(getattr(parsed, "command", None) or "", self)
+            known = [o for action in where._actions for o in action.option_strings if o.startswith("--")]
+            hints = [
+                close[0]
+                for word in extra
+                if word.startswith("--") and (close := difflib.get_close_matches(word.split("=")[0], known, n=1))
+            ]
+            hint = f" (did you mean {' and '.join(hints)}?)" if hints else ""
+            where.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+        return parsed
 
 
 def _settings(args: argparse.Namespace) -> Settings:
     overrides = {flat: getattr(args, flat, None) for flat in FLAT_KEYS if hasattr(args, flat)}
-    return load_settings(args.config, overrides)
+    settings = load_settings(args.config, overrides)
+    if args.command in ("serve", "inspect", "demo"):  # those that start servers (serve: also on reload)
+        check_variables(settings)
+    return settings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -208,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "inspect":
             from gateway.cli.inspect import cmd_inspect
 
-            return cmd_inspect(settings)
+            return cmd_inspect(settings, args.verbose)
         if args.command == "demo":
             from gateway.cli.demo import cmd_demo
 

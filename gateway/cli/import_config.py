@@ -11,7 +11,7 @@ from urllib.parse import urlparse
 
 from pydantic import ValidationError
 
-from gateway.settings import ServerConfig, format_validation_error, read_config_file, strip_jsonc, to_toml
+from gateway.settings import ConfigError, ServerConfig, format_validation_error, read_config_file, strip_jsonc, to_toml
 
 HEADER = """\
 # mcp-context-gateway configuration, converted from {path}
@@ -62,7 +62,12 @@ def _warnings(raw: dict[str, Any], servers: dict[str, dict[str, Any]]) -> list[s
             detail = format_validation_error(exc, None).splitlines()[1:]
             out.append(f"server {name!r}: " + "; ".join(line.strip() for line in detail))
             continue
-        if problem := cfg.command_problem():
+        try:
+            problem = cfg.command_problem()
+        except ConfigError as exc:  # kept as written: the gateway expands it where the host starts it
+            out.append(f"server {name!r}: {exc} in this shell; kept as written, set it where the host runs")
+            continue
+        if problem:
             out.append(f"server {name!r}: {problem}")
     return out
 

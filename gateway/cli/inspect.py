@@ -20,7 +20,7 @@ from gateway.settings import Settings
 WIDTH = 100
 
 
-async def inspect_report(settings: Settings) -> tuple[str, int]:
+async def inspect_report(settings: Settings, verbose: bool = False) -> tuple[str, int]:
     gateway = Gateway(settings)
     status = 0
     async with gateway.running():
@@ -34,8 +34,8 @@ async def inspect_report(settings: Settings) -> tuple[str, int]:
             tools = by_server[name]
             rows.append([name, up.transport, up.state, str(len(tools)), f"~{definition_tokens(tools):,} tokens"])
             if up.state != "ok":
-                reason = up.error or "no answer yet"
-                problem = up.config.command_problem()
+                reason = (up.error or "no answer yet") + (up.stdout_note() if up.state == "starting" else "")
+                problem = up.error if up.config_broken else up.config.command_problem()
                 # 2: the setup must change (a command not on PATH, a server that exits at once: a missing
                 # key or argument); 1: the server failed otherwise (timed out, refused, went away)
                 status = max(status, 2 if problem or reason.startswith(EXITED_AT_START) else 1)
@@ -53,6 +53,11 @@ async def inspect_report(settings: Settings) -> tuple[str, int]:
         other = "catalog" if mode == "direct" else "direct"
         alternative = await gateway.listed_tools("inspect", other)  # counted the same way as `shown`
         lines = [table(rows, right={3})]
+        if verbose:  # each tool as the host sees it, with what its definition costs in every request
+            listed = [["server", "tool", "definition"]]
+            for name, tools in {**by_server, "(gateway)": own}.items():
+                listed += [[name, t.name, f"~{definition_tokens([t]):,} tokens"] for t in tools]
+            lines += ["", table(listed, right={2})]
         if problems:
             lines += ["", "problems:"] + [_wrapped(p) for p in problems]
         lines += [
@@ -91,9 +96,9 @@ def _wrapped(text: str) -> str:
     return textwrap.fill(text, WIDTH, initial_indent="  ", subsequent_indent="    ", break_on_hyphens=False)
 
 
-def cmd_inspect(settings: Settings) -> int:
+def cmd_inspect(settings: Settings, verbose: bool = False) -> int:
     # the table reports every failed start; the restart warnings would only repeat it
     logging.getLogger("gateway.upstream").setLevel(logging.ERROR)
-    report, status = anyio.run(inspect_report, settings)
+    report, status = anyio.run(inspect_report, settings, verbose)
     print(report)
     return status

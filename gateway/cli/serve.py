@@ -28,7 +28,7 @@ def cmd_serve(settings: Settings, reload: Callable[[], Settings] | None = None) 
         print(
             "mcp-context-gateway is waiting for an MCP host on stdin (hosts start it themselves; Ctrl+C stops it). "
             "To try it: `mcp-context-gateway demo`, `mcp-context-gateway inspect "
-            "--config FILE`, or `npx @modelcontextprotocol/inspector mcp-context-gateway --config FILE`.",
+            "--config FILE`, or `npx @modelcontextprotocol/inspector -- mcp-context-gateway --config FILE` (the `--` keeps --config for the gateway).",
             file=sys.stderr,
         )
     gateway = Gateway(settings)

@@ -222,7 +222,7 @@ def _parse(line: str, peer: str, intercept: Intercept | None = None) -> tuple[Se
         raw = too_deep(line, peer)
     except ValueError as exc:
         log.warning("the %s sent a line that is not JSON: %r", peer, line[:120])
-        return exc, _NOT_JSON
+        return ValueError(f"not JSON: {line.strip()[:120]!r} ({exc})"), _NOT_JSON
     if intercept is not None and intercept(raw):
         return None, None
     return _validate(raw, peer, lambda: repr(line[:120]))

@@ -11,6 +11,7 @@ import contextlib
 import functools
 import logging
 import math
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -33,7 +34,7 @@ from gateway.proxy.upstream_http import SpoolingTransport
 from gateway.proxy.upstream_stdio import linear_stdio_client
 from gateway.results import error_result
 from gateway.services.spill import Spiller
-from gateway.settings import ServerConfig
+from gateway.settings import ConfigError, ServerConfig
 
 log = logging.getLogger("gateway.upstream")
 
@@ -45,6 +46,12 @@ CLIENT_INFO = types.Implementation(name="mcp-context-gateway", version="0.1.0")
 
 PROCESS_EXITED = "the server process exited or closed its stdout"
 EXITED_AT_START = "the server exited during start-up"
+# stderr lines that never say why: npm's pointers to its own log and its generic advice
+STDERR_BOILERPLATE = re.compile(
+    r"complete log of this run|^npm (?:error|ERR!)(?: code \S+| 404)?\s*$|^npm (?:error|ERR!) 404 (?:Note that|tarball)"
+    r"|^npm (?:notice|warn)",
+    re.I,
+)
 State = Literal["starting", "ok", "failed", "stopped"]
 
 
@@ -124,6 +131,8 @@ class Upstream:
         self.templates: list[types.ResourceTemplate] = []
         self.prompts: list[types.Prompt] = []
         self.restarts = 0
+        self.stdout_noise = ""  # a line on stdout that is not JSON-RPC, while starting
+        self.config_broken = False  # failed for a config error (`${VAR}` not set): restarting cannot help
         self.next_retry_at: float | None = None
         self.ready = anyio.Event()  # set after the first attempt, whatever its outcome
         self.finished = anyio.Event()  # set when the owner task has stopped the server
@@ -165,6 +174,10 @@ class Upstream:
             began = time.monotonic()
             try:
                 await self._connect_and_serve()
+            except ConfigError as exc:  # a `${VAR}` not set: no restart can fix that, only the config
+                self.session = None
+                await self._config_failed(str(exc))
+                break
             except Exception as exc:  # includes ExceptionGroups from transport task groups
                 reason = describe(exc)
                 if reason.startswith("command not found"):  # say what to install
@@ -178,8 +191,10 @@ class Upstream:
             exited = reason.lower() in ("connection closed", PROCESS_EXITED)  # not a timeout or a refusal
             if self.state == "starting" and self.transport == "stdio" and exited:
                 reason = EXITED_AT_START  # before it answered initialize
+            if self.state == "starting":
+                reason += self.stdout_note()
             if tail := self._stderr_tail():
-                reason = f"{reason}; its last stderr line: {tail}"
+                reason = f"{reason}; its stderr says: {tail}"
             if time.monotonic() - began > HEALTHY_AFTER:
                 backoff = BACKOFF_FIRST
             self.state, self.error = "failed", reason
@@ -196,6 +211,17 @@ class Upstream:
         self.state = "stopped"
         self.ready.set()
         self.finished.set()
+
+    async def _config_failed(self, why: str) -> None:
+        """Failed until the config changes (a reload replaces this upstream): no restart loop."""
+        self.state, self.error, self.next_retry_at = "failed", f"fix the config: {why}", None
+        self.config_broken = True
+        log.warning("upstream %s: %s", self.name, self.error)
+        self.ready.set()
+        await self._notify()
+        while not self._stopping:
+            self._wake = anyio.Event()
+            await self._wake.wait()
 
     @asynccontextmanager
     async def _transport(self) -> AsyncIterator[tuple[Any, Any]]:
@@ -228,20 +254,28 @@ class Upstream:
                 yield streams
 
     def _stderr_tail(self) -> str:
-        """The last line the child wrote to stderr, so a failed start explains itself."""
+        """The most telling line the child wrote to stderr (the last that is not boilerplate such as npm's
+        "A complete log of this run can be found in"), so a failed start explains itself."""
         if self.transport != "stdio" or not self.log_path.is_file():
             return ""
         with open(self.log_path, "rb") as fh:
-            fh.seek(max(self._log_mark, self.log_path.stat().st_size - 2048))
-            lines = [ln for ln in fh.read().decode("utf-8", "replace").splitlines() if ln.strip()]
-        return lines[-1].strip()[:200] if lines else ""
+            fh.seek(max(self._log_mark, self.log_path.stat().st_size - 4096))
+            lines = [ln.strip() for ln in fh.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+        telling = [ln for ln in lines if not STDERR_BOILERPLATE.search(ln)] or lines
+        return telling[-1][:200] if telling else ""
+
+    def stdout_note(self) -> str:
+        """What the server wrote to stdout that is not JSON-RPC (a banner), while starting: often why."""
+        if not self.stdout_noise:
+            return ""
+        return f"; it wrote to stdout {self.stdout_noise} (an MCP server writes only JSON-RPC there, logs to stderr)"
 
     def _on_stdout_closed(self) -> None:
         if not self._stopping:
             self.mark_dead(PROCESS_EXITED)
 
     async def _connect_and_serve(self) -> None:
-        self._dead_reason, self._refresh = "", False
+        self._dead_reason, self._refresh, self.stdout_noise = "", False, ""
         self._wake = anyio.Event()
         self.state = "starting"
         async with (
@@ -258,7 +292,15 @@ class Upstream:
         ):
             try:
                 with anyio.fail_after(self.config.init_timeout_seconds):
-                    init = await session.initialize()
+                    try:
+                        init = await session.initialize()
+                    except MCPError as exc:  # every MCP server answers initialize
+                        if exc.error.code != types.METHOD_NOT_FOUND:
+                            raise
+                        raise ConnectionLost(
+                            "it does not speak MCP: it answered initialize with 'Method not found' (a program "
+                            "that echoes its input, such as cat, sends the request back)"
+                        ) from None
                     self.server_info, self.instructions = init.server_info, init.instructions
                     await self._list_all(session)
             except TimeoutError:
@@ -333,6 +375,8 @@ class Upstream:
         ):
             self.request_refresh()
         elif isinstance(message, Exception):
+            if self.state == "starting" and not self.stdout_noise:
+                self.stdout_noise = describe(message).split(" (")[0]
             log.warning("upstream %s transport error: %s", self.name, describe(message))
 
     async def _list_all(self, session: ClientSession) -> None:
@@ -353,6 +397,10 @@ class Upstream:
         retry = ""
         if self.next_retry_at is not None:
             retry = f"; the gateway restarts it in {max(0, self.next_retry_at - time.time()):.0f} s"
+        if self.config_broken:
+            return (
+                f"Upstream server '{self.name}' cannot start: {self.error}. Retrying will not help until it is fixed."
+            )
         state = "is still starting" if self.state == "starting" else f"is not available ({self.error})"
         return f"Upstream server '{self.name}' {state}{retry}. Try again shortly, or use another server's tools."
 

@@ -256,7 +256,11 @@ class MemoryPlugin(Plugin):
         if len(fold) < 2:
             return {
                 "folded": 0,
-                "note": f"nothing to fold: {len(candidates)} unpinned notes, keep_recent={keep_recent}",
+                "note": (
+                    f"nothing to fold: only {len(fold)} unpinned note{'' if len(fold) == 1 else 's'} older than the "
+                    f"{len(candidates) - len(fold)} kept recent (keep_recent={keep_recent}), and a fold needs 2 or more"
+                    + ("; lower keep_recent" if len(candidates) >= 2 else "")
+                ),
                 "tokens_used": before,
             }
         if dry_run:

@@ -13,6 +13,8 @@ MAX_COLUMNS = 500  # a part with more different keys is one JSON column: a resul
 PROFILE_SAMPLES = 2
 SAMPLE_CHARS = 40
 TYPE_CHARS = 60
+EXACT_DISTINCT_ROWS = 200_000  # up to this many rows an exact count(DISTINCT) of each column is cheap
+APPROX_NOTE = "estimate (approx_count_distinct, HyperLogLog: within a few %)"
 
 
 @dataclass
@@ -110,7 +112,10 @@ def untangle(conn: Any, table: Table) -> None:
 
 
 def profile(conn: Any, table: Table) -> Table:
-    """Rows and per column: type, nulls, approximate distinct count, min/max and two samples."""
+    """Rows and per column: type, nulls, distinct count, min/max and two samples. The distinct count is
+    exact up to EXACT_DISTINCT_ROWS rows; above, DuckDB's HyperLogLog estimate, capped at the values
+    there are and marked `distinctApprox` (an estimate above the row count reads as duplicates that are
+    not there). A map's key column is unique by construction: said, not counted."""
     described = conn.execute(f"DESCRIBE {quote(table.name)}").fetchall()
     names = [row[0] for row in described]
     types = {row[0]: str(row[1]) for row in described}
@@ -118,12 +123,14 @@ def profile(conn: Any, table: Table) -> Table:
     if not names or table.name in RESERVED:  # lines and doc: their two columns say all
         table.columns = [{"name": n, "type": types[n]} for n in names]
         return table
+    exact = table.rows <= EXACT_DISTINCT_ROWS
     stats: list[str] = []
     for n in names:
         q = quote(n)
         stats.append(f"count({q})")
         if _orderable(types[n]):
-            stats += [f"approx_count_distinct({q})", f"min({q})::VARCHAR", f"max({q})::VARCHAR"]
+            distinct = f"count(DISTINCT {q})" if exact else f"approx_count_distinct({q})"
+            stats += [distinct if n != table.key_column else "0", f"min({q})::VARCHAR", f"max({q})::VARCHAR"]
     row = conn.execute(f"SELECT {', '.join(stats)} FROM {quote(table.name)}").fetchone()
     head = conn.execute(f"SELECT * FROM {quote(table.name)} LIMIT 200").fetchall()
     at = 0
@@ -133,8 +140,17 @@ def profile(conn: Any, table: Table) -> Table:
         col["nulls"] = table.rows - row[at]
         at += 1
         if _orderable(types[n]):
-            col["distinct"], low, high = row[at], row[at + 1], row[at + 2]
+            values = table.rows - col["nulls"]
+            distinct, low, high = row[at], row[at + 1], row[at + 2]
             at += 3
+            if n == table.key_column:
+                col["distinct"], col["unique"] = values, True
+            else:
+                col["distinct"] = min(distinct, values)
+                if not exact:
+                    col["distinctApprox"] = APPROX_NOTE
+                elif distinct == values == table.rows > 1:
+                    col["unique"] = True
             if low is not None and types[n] != "VARCHAR":  # a text's min and max say little; samples do
                 col["min"], col["max"] = _short(low, SAMPLE_CHARS), _short(high, SAMPLE_CHARS)
         samples: list[Any] = []

@@ -140,3 +140,31 @@ def test_a_result_too_wide_for_a_table_is_one_json_column(tmp_path: Path) -> Non
     lines = tmp_path / "wide.txt"
     lines.write_text("\n".join(json.dumps({f"k{i}_{j}": j for j in range(5)}) for i in range(400)))
     assert [c["name"] for c in _tables(lines, "text")["items"].columns] == ["json"]
+
+
+def test_distinct_counts_are_exact_or_marked_and_a_maps_keys_are_unique(tmp_path: Path) -> None:
+    """A distinct count above the row count, or short of it for a map's keys, reads as duplicates."""
+    path = tmp_path / "r.json"
+    models = {f"Model{i:05d}": {"size": i % 7} for i in range(3135)}
+    people = [{"name": f"person-{i}", "team": f"t{i % 3}"} for i in range(7910)]
+    path.write_text(json.dumps({"models": models, "people": people}))
+    tables = _tables(path, "json")
+    by_rows = {t.rows: t for t in tables.values()}
+    people_cols = {c["name"]: c for c in by_rows[7910].columns}
+    assert people_cols["name"]["distinct"] == 7910 and people_cols["name"].get("unique") is True
+    assert people_cols["team"]["distinct"] == 3 and "unique" not in people_cols["team"]
+    assert "distinctApprox" not in people_cols["name"]
+    map_table = by_rows[3135]
+    key = next(c for c in map_table.columns if c["name"] == map_table.key_column)
+    assert key["distinct"] == 3135 and key["unique"] is True
+
+
+def test_a_large_tables_distinct_count_is_marked_approximate_and_capped(monkeypatch: pytest.MonkeyPatch) -> None:
+    import plugins.offload.tables as tables
+
+    monkeypatch.setattr(tables, "EXACT_DISTINCT_ROWS", 100)  # as a table of millions of rows is profiled
+    with duckdb.connect() as conn:
+        conn.execute("CREATE TABLE t AS SELECT 'name-' || i AS name, i % 5 AS team FROM range(7910) r(i)")
+        cols = {c["name"]: c for c in tables.profile(conn, tables.Table("t", "test")).columns}
+    assert cols["name"]["distinct"] <= 7910 and "HyperLogLog" in cols["name"]["distinctApprox"]
+    assert cols["team"]["distinctApprox"] and "unique" not in cols["name"]
