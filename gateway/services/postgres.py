@@ -24,6 +24,7 @@ psycopg is imported here, and this module only when the backend is postgres.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import math
@@ -283,7 +284,7 @@ class PgDatabase:
         except BaseException as exc:
             self.depth -= 1
             with contextlib.suppress(StorageError):  # the block's own error is the one to tell
-                self._watched(lambda: tx.__exit__(type(exc), exc, exc.__traceback__))
+                self._watched(functools.partial(tx.__exit__, type(exc), exc, exc.__traceback__))
             raise
         self.depth -= 1
         self._watched(lambda: tx.__exit__(None, None, None))  # the commit
