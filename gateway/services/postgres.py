@@ -397,8 +397,10 @@ class PgSearchIndex(IndexCalls):
             self._count(-len(gone), -sum(n for (n,) in gone))
 
     @contextmanager
-    def transaction(self, bulk: bool = False) -> Iterator[None]:
+    def transaction(self, bulk: bool = False, key: str = "") -> Iterator[None]:
         with self.lock, self.db.transaction():
+            if key:  # every replica's transaction of the same key waits for this one's commit
+                self.db.hold(f"{self.db.schema}.{self.table}:{key}")
             yield
 
     @contextmanager
