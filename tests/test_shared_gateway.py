@@ -146,6 +146,25 @@ async def test_a_damaged_definitions_ledger_fails_closed_when_frozen(tmp_path: P
     assert "Traceback" not in (tmp_path / "gw.err").read_text()
 
 
+@pytest.mark.parametrize("frozen", [True, False])
+async def test_one_servers_damaged_ledger_entry_never_hides_the_others(tmp_path: Path, frozen: bool) -> None:
+    """definitions.json holds garbage for server p's echo: q's tools are listed and called as ever; p's
+    are refused while frozen (its first definitions are unknown), else remembered anew."""
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "definitions.json").write_text(json.dumps({"p": {"echo": "garbage"}}))
+    settings = make_settings(tmp_path, {"p": probe("p"), "q": probe("q")}, freeze_definitions=frozen)
+    async with inproc(settings) as (gateway, session):
+        await gateway.wait_ready()
+        names = {t.name for t in (await session.list_tools()).tools}
+        assert {"p__echo", "q__echo"} <= names
+        assert text_of(await call(session, "q__echo", {"text": "hi"})) == "hi"
+        result = await call(session, "p__echo", {"text": "hi"})
+        if frozen:
+            assert result.is_error and "first definition is unknown" in text_of(result)
+        else:
+            assert text_of(result) == "hi"
+
+
 async def test_the_workspace_and_the_config_are_never_ingested(tmp_path: Path) -> None:
     """An ingest root that holds the workspace and the config (as `~` holds the default workspace): another
     caller's notes, the config and its tokens stay out, one by one and when their folder is ingested."""

@@ -156,7 +156,7 @@ class RoutingTable:
         self.prompts, self.prompt_routes = prompts, prompt_routes
         self.collisions = collisions
         self.changed = changed
-        self.ledger.flush()
+        self.ledger.flush_soon()  # PostgreSQL's write goes on behind, off the event loop
         self.version += 1
 
     # -- resources (namespaced by URI prefix, no table needed) ---------------------------

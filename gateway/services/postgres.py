@@ -13,23 +13,33 @@ one PostgreSQL schema here, so the stores' own SQL runs on either engine: `PgDat
   advisory lock held to the commit (ids are assigned under it and never reused), every acknowledged
   append committed.
 
+A database that stalls costs only the calls that need it, within seconds: every connection has a
+`statement_timeout`, a `lock_timeout` and TCP keepalives, and a statement whose server stopped
+answering altogether (a stopped process cannot time itself out) has its socket cut by a watchdog
+thread at `ANSWER_SECONDS`; each becomes a `StorageError` saying so.
+
 psycopg is imported here, and this module only when the backend is postgres.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import math
+import os
 import re
+import socket
 import threading
+import time
 import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.types.json import Jsonb
 
 from gateway.services.search_index import Hit, IndexCalls, _row, query_terms
@@ -42,6 +52,19 @@ MAX_LEXEME = 500  # PostgreSQL refuses lexemes over 2 KB; nobody searches for a 
 CANDIDATES = 500  # rows ranked per search at most (the best by ts_rank; ranking each costs its vector)
 LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"  # held to the end of the transaction
 MAX_POSITION, MAX_POSITIONS = 16383, 256  # what a tsvector keeps of a lexeme's places
+STATEMENT_SECONDS = 10  # a statement the server runs longer is cancelled (statement_timeout)
+LOCK_SECONDS = 5  # a lock another connection holds longer fails the statement (lock_timeout)
+CONNECT_SECONDS = 5
+ANSWER_SECONDS = STATEMENT_SECONDS + 3  # the client's own limit: a stopped server cancels nothing
+BATCH = 500  # rows per executemany round trip, each within its own limit
+# every connection's limits, where the dsn does not set its own
+CONNECTION = {
+    "connect_timeout": str(CONNECT_SECONDS),
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+}
 _TOKEN = re.compile(r"\w+")
 _CJK_ONE = re.compile(f"^[{CJK_CLASS}]$")  # a one-character CJK term matches as a prefix, as in FTS5
 
@@ -55,23 +78,113 @@ def fts_tokens(text: str) -> list[str]:
     return _TOKEN.findall(folded)
 
 
+_HASHED = re.compile(r"_[0-9a-f]{8}$")  # how a shortened name ends
+
+
 def schema_name(*parts: str) -> str:
-    """A PostgreSQL schema for one store of one namespace (`ctx_memory`, `ctx_documents_alice`); long or
-    unusual names are shortened with a hash (identifiers are at most 63 bytes)."""
+    """A PostgreSQL schema for one store of one namespace (`ctx_memory`, `ctx_documents_alice`). A name
+    that is not already lower-case letters, digits and `_`, is long, or ends as a shortened one does
+    (`_` and 8 hex digits) is shortened with a hash of it (identifiers are at most 63 bytes): a kept
+    name never ends like a shortened one, so no two namespaces share a schema (`team-x` and
+    `team_x_70466bce`, `Alice` and `alice`)."""
     name = "_".join(["ctx", *[p for p in parts if p]])
     safe = re.sub(r"[^a-z0-9_]", "_", name.lower())
-    if safe != name.lower() or len(safe) > 50:
+    if safe != name or len(safe) > 50 or _HASHED.search(safe):
         safe = f"{safe[:40]}_{hashlib.sha256(name.encode()).hexdigest()[:8]}"
     return safe
 
 
 def connect(dsn: str) -> psycopg.Connection[Any]:
+    """A connection with the gateway's limits (`CONNECTION`, statement and lock timeouts) where the dsn
+    does not give its own."""
     try:
-        return psycopg.connect(dsn, autocommit=True, connect_timeout=10)
+        params = conninfo_to_dict(dsn)
+        for key, value in CONNECTION.items():
+            params.setdefault(key, value)
+        # the dsn's own `-c` settings come later and win
+        limits = f"-c statement_timeout={STATEMENT_SECONDS * 1000} -c lock_timeout={LOCK_SECONDS * 1000}"
+        params["options"] = f"{limits} {params.get('options') or ''}".strip()
+        return psycopg.connect(**params, autocommit=True)
     except psycopg.Error as exc:
         raise StorageError(
             f"PostgreSQL at [storage] dsn could not be reached: {str(exc).strip().splitlines()[0]}"
         ) from None
+
+
+class _Watch:
+    """One statement under the watchdog: `fired` once its socket was cut."""
+
+    def __init__(self, fd: int, deadline: float):
+        self.fd, self.deadline, self.fired = fd, deadline, False
+
+
+class _Watchdog:
+    """Cuts the socket of a connection whose statement waits past its deadline: a server process that
+    stopped (SIGSTOP, a frozen VM) still has its kernel acknowledge every packet, so neither the
+    server's timeouts nor TCP keepalives end the wait. The blocked call then fails at once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._watches: set[_Watch] = set()
+        self._thread: threading.Thread | None = None
+
+    @contextmanager
+    def watch(self, conn: psycopg.Connection[Any], seconds: float = ANSWER_SECONDS) -> Iterator[_Watch]:
+        try:
+            fd = conn.pgconn.socket
+        except psycopg.Error:  # closed: the statement fails by itself
+            fd = -1
+        watch = _Watch(fd, time.monotonic() + seconds)
+        with self._lock:
+            if fd >= 0:
+                self._watches.add(watch)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="postgres-watchdog", daemon=True)
+                self._thread.start()
+        try:
+            yield watch
+        finally:
+            with self._lock:  # under the lock: a socket is never cut after its statement ended
+                self._watches.discard(watch)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(0.25)
+            now = time.monotonic()
+            with self._lock:
+                for watch in [w for w in self._watches if w.deadline <= now]:
+                    self._watches.discard(watch)
+                    watch.fired = True
+                    with contextlib.suppress(OSError):
+                        sock = socket.socket(fileno=os.dup(watch.fd))
+                        try:
+                            sock.shutdown(socket.SHUT_RDWR)
+                        finally:
+                            sock.close()
+
+
+WATCHDOG = _Watchdog()
+STALLED = (
+    f"PostgreSQL did not answer within {ANSWER_SECONDS} s; check that it runs and [storage] dsn (notes and "
+    "documents live there; the gateway keeps serving)"
+)
+
+
+def _storage_error(exc: psycopg.Error, watch: _Watch | None = None) -> StorageError:
+    """What a failed statement tells the caller: a stall, a lock held elsewhere, a conflict with another
+    writer, or the database's own words."""
+    if (watch is not None and watch.fired) or isinstance(exc, psycopg.errors.QueryCanceled):
+        return StorageError(STALLED)
+    if isinstance(exc, psycopg.errors.LockNotAvailable):
+        return StorageError(
+            f"PostgreSQL: what this call needs stayed locked by another connection for over {LOCK_SECONDS} s "
+            "(another call writing the same thing, or a stuck client of the database); try again"
+        )
+    if isinstance(exc, psycopg.IntegrityError):
+        return StorageError(
+            f"PostgreSQL refused a write that another call made at the same moment ({_said(exc)}); try again"
+        )
+    return StorageError(f"PostgreSQL: {_first_line(exc)}")
 
 
 def _sqlite_to_pg(sql: str) -> str:
@@ -93,40 +206,54 @@ class PgDatabase:
 
     def _connect(self) -> psycopg.Connection[Any]:
         conn = connect(self.dsn)
-        with conn.transaction():
-            # two replicas starting at once: one creates the schema, the other waits for it
-            conn.execute(LOCK, (f"schema:{self.schema}",))
-            conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
-        conn.execute(f'SET search_path TO "{self.schema}"')
+        try:
+            with WATCHDOG.watch(conn) as watch:
+                with conn.transaction():
+                    # two replicas starting at once: one creates the schema, the other waits for it
+                    conn.execute(LOCK, (f"schema:{self.schema}",))
+                    conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
+                conn.execute(f'SET search_path TO "{self.schema}"')
+        except psycopg.Error as exc:
+            conn.close()
+            raise _storage_error(exc, watch) from None
         return conn
 
-    def _run(self, work: Callable[[], Any]) -> Any:
-        try:
-            if self.conn.broken and not self.depth:
-                self.conn = self._connect()
-            return work()
-        except psycopg.OperationalError as exc:
-            if not self.conn.broken or self.depth:
-                raise StorageError(f"PostgreSQL: {_first_line(exc)}") from None
-            self.conn = self._connect()  # dropped between statements: once more on a new connection
+    def _watched(self, work: Callable[[], Any]) -> Any:
+        """`work()` under the watchdog; a failure becomes a `StorageError` saying what to check."""
+        with WATCHDOG.watch(self.conn) as watch:
             try:
                 return work()
-            except psycopg.Error as again:
-                raise StorageError(f"PostgreSQL: {_first_line(again)}") from None
-        except psycopg.Error as exc:  # refused (a constraint, a full disk): said in one line
-            raise StorageError(f"PostgreSQL: {_first_line(exc)}") from None
+            except psycopg.Error as exc:
+                raise _storage_error(exc, watch) from None
+
+    def _run(self, work: Callable[[], Any]) -> Any:
+        if self.conn.broken and not self.depth:
+            self.conn = self._connect()
+        with WATCHDOG.watch(self.conn) as watch:
+            try:
+                return work()
+            except psycopg.Error as exc:
+                failed = exc
+        # a connection the server dropped between statements (a restart, a failover): once more on a
+        # new one; never one that stalled (it would wait as long again) nor inside a transaction
+        if not isinstance(failed, psycopg.OperationalError) or not self.conn.broken or self.depth or watch.fired:
+            raise _storage_error(failed, watch)
+        self.conn = self._connect()
+        return self._watched(work)
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
         return self._run(lambda: self.conn.execute(_sqlite_to_pg(sql), tuple(params)))  # type: ignore[arg-type]
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
-        batch = list(rows)
+        """The rows in batches of `BATCH`, each batch within the time one statement may take."""
+        query = _sqlite_to_pg(sql)
+        for batch in _batches(rows, BATCH):
 
-        def run() -> None:
-            with self.conn.cursor() as cur:
-                cur.executemany(_sqlite_to_pg(sql), batch)  # type: ignore[arg-type]
+            def run(batch: list[Sequence[Any]] = batch) -> None:
+                with self.conn.cursor() as cur:
+                    cur.executemany(query, batch)  # type: ignore[arg-type]
 
-        self._run(run)
+            self._run(run)
 
     def executescript(self, script: str) -> None:
         with self.transaction():
@@ -136,40 +263,54 @@ class PgDatabase:
 
     def hold(self, key: str) -> None:
         """An advisory lock on `key` for the rest of the current transaction: every replica's holder of
-        the same key waits for its commit."""
-        self.conn.execute(LOCK, (key,))
+        the same key waits for its commit (at most `LOCK_SECONDS`)."""
+        self._watched(lambda: self.conn.execute(LOCK, (key,)))
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
         """A transaction (a savepoint inside another). An outermost one begins on a new connection when
         the server dropped this one since its last statement (a restart, a failover)."""
+        begun: list[psycopg.Transaction] = []
+
+        def begin() -> None:
+            begun.append(self.conn.transaction())
+            begun[-1].__enter__()
+
+        self._run(begin)
+        tx = begun[-1]
+        self.depth += 1
         try:
-            with contextlib.ExitStack() as stack:
-                try:
-                    if self.conn.broken and not self.depth:
-                        self.conn = self._connect()
-                    stack.enter_context(self.conn.transaction())
-                except psycopg.OperationalError:
-                    if self.depth:
-                        raise
-                    self.conn = self._connect()
-                    stack.enter_context(self.conn.transaction())
-                self.depth += 1
-                try:
-                    yield
-                finally:
-                    self.depth -= 1
-        except psycopg.Error as exc:  # in the block, or at its commit
-            raise StorageError(f"PostgreSQL: {_first_line(exc)}") from None
+            yield
+        except BaseException as exc:
+            self.depth -= 1
+            with contextlib.suppress(StorageError):  # the block's own error is the one to tell
+                self._watched(functools.partial(tx.__exit__, type(exc), exc, exc.__traceback__))
+            raise
+        self.depth -= 1
+        self._watched(lambda: tx.__exit__(None, None, None))  # the commit
 
     def close(self) -> None:
         self.conn.close()
 
 
+def _said(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
 def _first_line(exc: BaseException) -> str:
     """The error's first line, and what to do: a database that stopped or refused is the operator's to fix."""
-    said = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    return f"{said} (notes and documents live there: check that it runs and [storage] dsn; the gateway keeps serving)"
+    return f"{_said(exc)} (notes and documents live there: check that it runs and [storage] dsn; the gateway keeps serving)"
+
+
+def _batches(rows: Iterable[Sequence[Any]], size: int) -> Iterator[list[Sequence[Any]]]:
+    batch: list[Sequence[Any]] = []
+    for row in rows:
+        batch.append(row)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
 
 
 def _tsquery(terms: Sequence[str]) -> str:
@@ -256,8 +397,10 @@ class PgSearchIndex(IndexCalls):
             self._count(-len(gone), -sum(n for (n,) in gone))
 
     @contextmanager
-    def transaction(self, bulk: bool = False) -> Iterator[None]:
+    def transaction(self, bulk: bool = False, key: str = "") -> Iterator[None]:
         with self.lock, self.db.transaction():
+            if key:  # every replica's transaction of the same key waits for this one's commit
+                self.db.hold(f"{self.db.schema}.{self.table}:{key}")
             yield
 
     @contextmanager

@@ -150,7 +150,9 @@ class IndexCalls:
     lock: threading.RLock
     db: Any
 
-    def transaction(self, bulk: bool = False) -> Any:
+    def transaction(self, bulk: bool = False, key: str = "") -> Any:
+        """One transaction; with `key`, no other writer of the same key (another gateway's too) runs
+        one at the same time, and what it committed before is seen in this one."""
         raise NotImplementedError
 
     def insert(self, rows: Iterable[tuple[Any, ...]]) -> None:
@@ -221,8 +223,9 @@ class SearchIndex(IndexCalls):
             self.db.executemany(f"INSERT INTO {self.table} ({cols}) VALUES ({marks})", (_row(*row) for row in rows))
 
     @contextmanager
-    def transaction(self, bulk: bool = False) -> Iterator[None]:
-        """One transaction on the shared connection (its tables and the caller's), held under the lock.
+    def transaction(self, bulk: bool = False, key: str = "") -> Iterator[None]:
+        """One transaction on the shared connection (its tables and the caller's), held under the lock;
+        with `key`, it takes the file's write lock as it begins (another writer's commit comes first).
 
         `bulk`, for a large write of what can be made again (a document from its source): SQLite's
         COMMIT syncs the write-ahead log to disk and then copies it into the database file (a
@@ -236,7 +239,7 @@ class SearchIndex(IndexCalls):
                 for name, value in _BULK_SETTINGS.items():
                     self.db.execute(f"PRAGMA {name} = {value}")
             try:
-                with self._begun("BEGIN"):
+                with self._begun("BEGIN IMMEDIATE" if key else "BEGIN"):
                     yield
             finally:
                 if bulk:

@@ -9,17 +9,18 @@ import logging
 import os
 import stat
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-import anyio
-import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gateway.args import Args, ToolInputError
 from gateway.handlers import guarded, integer, tool
 from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall
+from gateway.services import shares
 from gateway.services.responses import ID_PATTERN, StoreError, saved_kind
 from gateway.services.storage import Storage
 from gateway.services.storage_error import StorageError
@@ -27,6 +28,8 @@ from gateway.settings import expand_vars
 from plugins.documents.chunker import chunk_batches, index_text, kind_of
 
 log = logging.getLogger("plugins.documents")
+
+T = TypeVar("T")
 
 MAX_FILE_BYTES = 64 * 1024 * 1024
 MAX_DIR_FILES = 2000
@@ -147,7 +150,11 @@ class DocumentStore:
         # batches, and the first is stored while the second is still being made
         batches = chunk_batches(text, kind)
         first = next(batches)
-        with self.lock, self.index.transaction(bulk=True):
+        # keyed by the document: another ingest of it (another replica's too) commits first, and is seen
+        with self.lock, self.index.transaction(bulk=True, key=doc_id):
+            existing = self.get(doc_id)
+            if existing and existing["sha"] == sha:
+                return existing | {"unchanged": True}
             self.forget(doc_id)
             for batch in itertools.chain([first], batches):
                 if batch is None:  # start over (see `chunk_batches`)
@@ -235,11 +242,12 @@ class DocumentsPlugin(Plugin):
     def __init__(self) -> None:
         self.ctx: GatewayContext | None = None
         self.stores: dict[str, DocumentStore] = {}  # one per namespace
+        self._opening = threading.Lock()
         self.settings = DocumentsSettings()
 
     async def start(self, ctx: GatewayContext) -> None:
         self.ctx = ctx
-        self._store("")  # a damaged index is found (and moved aside) at start
+        await shares.store_pool().run("", self._store, "")  # a damaged index is found (and moved aside) at start
 
     async def stop(self) -> None:
         for store in self.stores.values():
@@ -290,6 +298,11 @@ class DocumentsPlugin(Plugin):
     def _store(self, namespace: str) -> DocumentStore:
         assert self.ctx is not None, "documents plugin not started"
         path = self.ctx.namespace_dir(namespace) / "documents" / "index.sqlite"
+        with self._opening:  # store threads: one store per namespace
+            return self._open(namespace, path)
+
+    def _open(self, namespace: str, path: Path) -> DocumentStore:
+        assert self.ctx is not None
         store = self.stores.get(namespace)
         if store is not None and not self.ctx.storage.shared and not path.exists():
             # its folder was removed under it: writes would go to an unlinked file and vanish at restart
@@ -316,24 +329,26 @@ class DocumentsPlugin(Plugin):
                 raise ToolInputError("doc_ingest: `text` is empty")
             doc_id = "doc_" + hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:10]
             name = title or text.strip().splitlines()[0][:80]
-            result = await anyio.to_thread.run_sync(
-                self._store(call.namespace).put, doc_id, name, "inline", text, kind_of(title or "", text)
-            )
+            kind = kind_of(title or "", text)
+            result = await self._run(call, self._put, call.namespace, doc_id, name, "inline", text, kind)
             return self._ingested(result)
         roots = self.settings.ingest_roots
         real = resolve_ingest_path(file_path, roots, self._private())
         if real.is_dir():
             return await self._ingest_dir(real, roots, call)
-        body = await anyio.to_thread.run_sync(read_text_file, real)
-        result = await anyio.to_thread.run_sync(
-            self._store(call.namespace).put,
-            _file_id(real),
-            title or real.name,
-            str(real),
-            body,
-            kind_of(real.name, body),
-        )
+        result = await self._run(call, self._put_file, call.namespace, real, title or real.name)
         return self._ingested(result)
+
+    async def _run(self, call: ToolCall, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` off the event loop, within the caller's share of the store threads."""
+        return await shares.store_pool().run(call.namespace, fn, *args)
+
+    def _put(self, namespace: str, doc_id: str, title: str, source: str, text: str, kind: str) -> dict[str, Any]:
+        return self._store(namespace).put(doc_id, title, source, text, kind)
+
+    def _put_file(self, namespace: str, real: Path, title: str) -> dict[str, Any]:
+        body = read_text_file(real)
+        return self._put(namespace, _file_id(real), title, str(real), body, kind_of(real.name, body))
 
     async def _ingest_dir(self, folder: Path, roots: list[Path], call: ToolCall) -> dict[str, Any]:
         files: list[Path] = []
@@ -355,13 +370,10 @@ class DocumentsPlugin(Plugin):
             await call.report_progress(i, len(files), f"ingesting {path.name}")
             try:
                 real = resolve_ingest_path(str(path), roots, private)
-                body = await anyio.to_thread.run_sync(read_text_file, real)
+                result = await self._run(call, self._put_file, call.namespace, real, real.name)
             except IngestError as exc:
                 skipped.append({"file": str(path.relative_to(folder)), "reason": str(exc)})
                 continue
-            result = await anyio.to_thread.run_sync(
-                self._store(call.namespace).put, _file_id(real), real.name, str(real), body, kind_of(real.name, body)
-            )
             done.append(
                 {
                     "doc_id": result["doc_id"],
@@ -425,23 +437,7 @@ class DocumentsPlugin(Plugin):
         doc_id = args.str("doc_id")
         limit = args.int("limit", 5, lo=1, hi=50)
         max_tokens = args.int("max_tokens", self._budget(call.session_id) // 2, lo=50, hi=1_000_000)
-        store = self._store(call.namespace)
-        if doc_id:
-            await anyio.to_thread.run_sync(self._ensure, doc_id, call.namespace)
-        where, params = ("doc = ?", (doc_id,)) if doc_id else ("", ())
-        hits = await anyio.to_thread.run_sync(lambda: store.index.search(query, limit * 3, where, params))
-        results, used, left = [], 0, 0
-        for hit in hits:
-            if len(results) >= limit:
-                left += 1
-                continue
-            did, _, idx = hit.key.rpartition(":")
-            chunk = store.chunks(did, int(idx), int(idx))[0]
-            if used + chunk["tokens"] > max_tokens:
-                left += 1
-                continue
-            results.append(chunk | {"score": round(hit.score, 3)})
-            used += chunk["tokens"]
+        hits, results, used, left = await self._run(call, self._find, call.namespace, query, doc_id, limit, max_tokens)
         out: dict[str, Any] = {"query": query, "results": results, "tokens": used}
         if not hits:
             out["note"] = (
@@ -454,20 +450,43 @@ class DocumentsPlugin(Plugin):
             out["hint"] = "raise max_tokens or limit, or read around a hit with doc_window"
         return out
 
+    def _find(
+        self, namespace: str, query: str, doc_id: str | None, limit: int, max_tokens: int
+    ) -> tuple[list[Any], list[dict[str, Any]], int, int]:
+        """The hits of a search, the chunks shown of them (packed into `max_tokens`), their tokens, and
+        how many were left out."""
+        store = self._store(namespace)
+        if doc_id:
+            self._ensure(doc_id, namespace)
+        where, params = ("doc = ?", (doc_id,)) if doc_id else ("", ())
+        hits = store.index.search(query, limit * 3, where, params)
+        results: list[dict[str, Any]] = []
+        used = left = 0
+        for hit in hits:
+            if len(results) >= limit:
+                left += 1
+                continue
+            did, _, idx = hit.key.rpartition(":")
+            chunk = store.chunks(did, int(idx), int(idx))[0]
+            if used + chunk["tokens"] > max_tokens:
+                left += 1
+                continue
+            results.append(chunk | {"score": round(hit.score, 3)})
+            used += chunk["tokens"]
+        return hits, results, used, left
+
     async def window(self, args: Args, call: ToolCall) -> dict[str, Any]:
         doc_id = args.str("doc_id", required=True)
         start = args.int("start", required=True, lo=0)
         end = args.int("end", start, lo=0)
         if end < start:
             raise ToolInputError(f"doc_window: end {end} is before start {start}")
-        info = await anyio.to_thread.run_sync(self._ensure, doc_id, call.namespace)
-        total = info["chunks"]
+        total, chunks = await self._run(call, self._window, call.namespace, doc_id, start, end)
         if start >= total:
             raise ToolInputError(
                 f"doc_window: {doc_id} has {total} chunks (0..{total - 1}); start {start} is past the end"
             )
         budget = self._budget(call.session_id) // 2
-        chunks = self._store(call.namespace).chunks(doc_id, start, min(end, total - 1))
         shown, used = [], 0
         for chunk in chunks:
             if used + chunk["tokens"] > budget and shown:
@@ -485,15 +504,21 @@ class DocumentsPlugin(Plugin):
             out["note"] = f"stopped at chunk {last} to stay within {budget} tokens; continue with start={last + 1}"
         return out
 
+    def _window(self, namespace: str, doc_id: str, start: int, end: int) -> tuple[int, list[dict[str, Any]]]:
+        """A document's chunk count, and its chunks start..end (none when start is past its end)."""
+        total = self._ensure(doc_id, namespace)["chunks"]
+        return total, self._store(namespace).chunks(doc_id, start, min(end, total - 1)) if start < total else []
+
     async def list(self, args: Args, call: ToolCall) -> dict[str, Any]:
-        out: dict[str, Any] = {"documents": self._store(call.namespace).list()}
-        if self._store(call.namespace).damaged_note:
-            out["note"] = self._store(call.namespace).damaged_note
+        store = await self._run(call, self._store, call.namespace)
+        out: dict[str, Any] = {"documents": await self._run(call, store.list)}
+        if store.damaged_note:
+            out["note"] = store.damaged_note
         return out
 
     async def forget(self, args: Args, call: ToolCall) -> dict[str, Any]:
         doc_id = args.str("doc_id", required=True)
-        if not self._store(call.namespace).forget(doc_id):
+        if not await self._run(call, lambda: self._store(call.namespace).forget(doc_id)):
             raise ToolInputError(f"doc_forget: unknown doc_id {doc_id!r}")
         return {"forgotten": doc_id}
 

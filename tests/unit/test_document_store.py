@@ -84,3 +84,32 @@ def test_the_store_is_not_locked_while_the_first_batch_is_made(tmp_path: Path, m
     monkeypatch.setattr(plugin, "chunk_batches", batches)
     assert store.put("d", "t", "s", TEXT, "markdown")["chunks"] == 2
     assert seen == [True, False]
+
+
+def test_two_gateways_ingesting_one_document_at_once_both_succeed(tmp_path: Path, storage: Any) -> None:
+    """Two stores on one database (two replicas, or two gateways on one SQLite file) ingest the same
+    document at the same moment, over and over: each answers without an error, and the document ends
+    whole (the second sees the first, or replaces it)."""
+    stores = [DocumentStore(tmp_path / "docs.sqlite", storage) for _ in range(2)]
+    for round_ in range(5):
+        text = "".join(f"# Part {i}\n\nround {round_} text of part {i} getUserName\n\n" for i in range(300))
+        start = threading.Barrier(2)
+        failures: list[BaseException] = []
+
+        def ingest(
+            store: DocumentStore, text: str = text, start: threading.Barrier = start, failures: list = failures
+        ) -> None:
+            start.wait()
+            try:
+                store.put("doc_same", "t", "inline", text, "markdown")
+            except BaseException as exc:
+                failures.append(exc)
+
+        threads = [threading.Thread(target=ingest, args=(s,)) for s in stores]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not failures, failures
+        info = stores[0].get("doc_same")
+        assert info is not None and len(stores[1].chunks("doc_same", 0, 10_000)) == info["chunks"]

@@ -69,3 +69,16 @@ def test_the_same_top_results_as_sqlite(tmp_path: Path, postgres_dsn: str, where
     assert compared >= (3 if where[0] else 8)  # the queries find something
     lite.close()
     pg.close()
+
+
+def test_namespaces_whose_names_look_alike_never_share_a_schema(tmp_path: Path, postgres_dsn: str) -> None:
+    """`team-x` is shortened to `..._team_x_70466bce`; a token named `team_x_70466bce` (and `Alice` beside
+    `alice`) keeps its notes to itself all the same."""
+    storage = Storage(StorageSettings(backend="postgres", dsn=postgres_dsn))
+    for one, other in (("team-x", "team_x_70466bce"), ("Alice", "alice")):
+        storage.logs(tmp_path, "memory", one).log("plan").append([{"type": "entry", "text": f"secret of {one}"}])
+        assert storage.logs(tmp_path, "memory", other).log("plan").read()[0] == []
+        index = storage.search_index(tmp_path / "x", "documents", one, "chunk_index", ("doc",))
+        index.add([("k", "only for one", ("d",))])
+        theirs = storage.search_index(tmp_path / "x", "documents", other, "chunk_index", ("doc",))
+        assert theirs.search("only for one") == []
