@@ -11,10 +11,10 @@ from typing import Any
 import anyio
 import mcp_types as types
 import pytest
-from conftest import PY, eventually, gateway_env, inproc, make_settings, ok, probe, text_of, write_config
+from conftest import PY, call, eventually, gateway_env, inproc, make_settings, ok, probe, text_of, write_config
 from mcp import ClientSession
 
-from gateway.proxy.reload import ConfigReloader
+from gateway.proxy.reload import SETTLE_SECONDS, ConfigReloader
 from gateway.proxy.upstream_stdio import linear_stdio_client
 from gateway.settings import load_settings
 
@@ -173,3 +173,43 @@ async def test_a_reload_while_a_listing_waits_for_a_slow_server(tmp_path: Path) 
         names = {t.name for t in listed[0].tools}
         assert "a__echo" in names
         await eventually_listed(session, "c__echo")
+
+
+async def test_a_config_caught_mid_save_is_not_applied(tmp_path: Path) -> None:
+    """The file is written in two steps: first cut inside server b's table (valid TOML: b with its command
+    but not its arguments), the whole file shortly after (adding c). b is neither dropped nor restarted
+    with half its settings: its call in flight answers, its process is the same; the whole file applies."""
+    cfg = write_config(tmp_path, {"a": probe("a"), "b": probe("b")})
+    whole = cfg.read_text() + _table("c")
+    cut = whole[: whole.index("args", whole.index("[servers.b]"))]
+    assert load_settings_text(tmp_path, cut).servers["b"].args == []  # the cut loads: valid and whole-looking
+    errlog_path = tmp_path / "gw.err"
+    with open(errlog_path, "wb") as errlog:
+        async with (
+            linear_stdio_client(PY, ["-m", "gateway", "--config", str(cfg)], gateway_env(), None, errlog) as streams,
+            ClientSession(*streams) as session,
+        ):
+            await session.initialize()
+            pid_b = int(text_of(await session.call_tool("b__pid", {})))
+            slow: list[types.CallToolResult] = []
+            async with anyio.create_task_group() as tg:
+
+                async def in_flight() -> None:
+                    slow.append(await call(session, "b__slow", {"seconds": 3}))
+
+                tg.start_soon(in_flight)
+                cfg.write_text(cut, encoding="utf-8")  # in place, as a writer caught half way
+                await anyio.sleep(SETTLE_SECONDS / 2)  # the writer's pace: the rest comes well within the settle time
+                cfg.write_text(whole, encoding="utf-8")
+            assert not slow[0].is_error and text_of(slow[0]) == "slept", text_of(slow[0])
+            await eventually_listed(session, "c__echo")  # the whole file applied
+            assert int(text_of(await session.call_tool("b__pid", {}))) == pid_b
+            assert text_of(await session.call_tool("b__whoami", {})) == "b"
+    assert b"removed b" not in errlog_path.read_bytes() and b"restarted b" not in errlog_path.read_bytes()
+
+
+def load_settings_text(tmp_path: Path, text: str) -> Any:
+    path = tmp_path / "cut" / "gateway.toml"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return load_settings(path, environ={})
