@@ -10,20 +10,16 @@ from pathlib import Path
 import anyio
 import pytest
 from conftest import (
-    PY,
     call,
-    gateway_env,
     gateway_process,
     inproc,
     make_settings,
     probe,
     run_cli,
+    stdio_gateway,
     text_of,
     write_config,
 )
-from mcp import ClientSession
-
-from gateway.proxy.upstream_stdio import linear_stdio_client
 
 pytestmark = pytest.mark.anyio
 
@@ -177,14 +173,9 @@ sys.exit(subprocess.call([sys.executable, "-m", "gateway", "--config", sys.argv[
 async def test_a_stdio_gateway_starts_under_a_parent_whose_name_is_not_utf8(tmp_path: Path) -> None:
     cfg = write_config(tmp_path, {"p": probe("p")})
     errlog_path = tmp_path / "gw.err"
-    with open(errlog_path, "wb") as errlog:
-        async with (
-            linear_stdio_client(PY, ["-c", _CUT_NAME_PARENT, str(cfg)], gateway_env(), None, errlog) as streams,
-            ClientSession(*streams) as session,
-        ):
-            with anyio.fail_after(30):
-                await session.initialize()
-                assert text_of(await call(session, "p__echo", {"text": "안녕"})) == "안녕"
+    with anyio.fail_after(30):
+        async with stdio_gateway(cfg, errlog_path, ["-c", _CUT_NAME_PARENT, str(cfg)]) as session:
+            assert text_of(await call(session, "p__echo", {"text": "안녕"})) == "안녕"
     err = errlog_path.read_bytes()
     assert b"parent comm: " + "x한글한글한".encode()[:15] + b"\n" in err  # the parent's name really was cut
     assert b"Traceback" not in err and b"UnicodeDecodeError" not in err, err.decode("utf-8", "replace")
