@@ -259,6 +259,24 @@ async def gateway_process(config: Path, errlog: Path) -> Any:
         return await anyio.open_process([PY, "-m", "gateway", "--config", str(config)], env=gateway_env(), stderr=fh)
 
 
+@asynccontextmanager
+async def stdio_gateway(
+    config: Path, errlog: Path, args: list[str] | None = None, **session: Any
+) -> AsyncIterator[ClientSession]:
+    """A gateway process as a host starts it over stdio (`python -m gateway --config CONFIG`, or `python
+    ARGS`), with an initialized client session on its pipes; its stderr written to `errlog`."""
+    from gateway.proxy.upstream_stdio import linear_stdio_client
+
+    argv = args if args is not None else ["-m", "gateway", "--config", str(config)]
+    with open(errlog, "wb") as fh:
+        async with (
+            linear_stdio_client(PY, argv, gateway_env(), None, fh) as streams,
+            ClientSession(*streams, **session) as client,
+        ):
+            await client.initialize()
+            yield client
+
+
 def gateway_pid(config: Path) -> int:
     """The process of a gateway started with this config file (Linux: read from /proc)."""
     for proc in Path("/proc").iterdir():

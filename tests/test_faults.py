@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import anyio
@@ -15,6 +16,7 @@ from conftest import (
     make_settings,
     probe,
     run_cli,
+    stdio_gateway,
     text_of,
     write_config,
 )
@@ -154,3 +156,26 @@ async def test_small_input_holes(tmp_path: Path) -> None:
         newline = await call(session, "context_append", {"session_id": "x\n", "text": "t"})
         assert newline.is_error and "session_id" in text_of(newline)
     assert not [p for p in (tmp_path / "ws").rglob("*") if "\n" in p.name]
+
+
+# A parent that names itself "x한글한글한" (16 bytes: Linux keeps 15, cutting the last character in half),
+# then runs the gateway as its child on the same stdio.
+_CUT_NAME_PARENT = """
+import ctypes, subprocess, sys
+ctypes.CDLL(None).prctl(15, ctypes.c_char_p("x한글한글한".encode()), 0, 0, 0)  # PR_SET_NAME
+sys.stderr.buffer.write(b"parent comm: " + open("/proc/self/comm", "rb").read())
+sys.stderr.flush()
+sys.exit(subprocess.call([sys.executable, "-m", "gateway", "--config", sys.argv[1]]))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_NAME and /proc are Linux")
+async def test_a_stdio_gateway_starts_under_a_parent_whose_name_is_not_utf8(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, {"p": probe("p")})
+    errlog_path = tmp_path / "gw.err"
+    with anyio.fail_after(30):
+        async with stdio_gateway(cfg, errlog_path, ["-c", _CUT_NAME_PARENT, str(cfg)]) as session:
+            assert text_of(await call(session, "p__echo", {"text": "안녕"})) == "안녕"
+    err = errlog_path.read_bytes()
+    assert b"parent comm: " + "x한글한글한".encode()[:15] + b"\n" in err  # the parent's name really was cut
+    assert b"Traceback" not in err and b"UnicodeDecodeError" not in err, err.decode("utf-8", "replace")

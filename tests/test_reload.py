@@ -11,11 +11,10 @@ from typing import Any
 import anyio
 import mcp_types as types
 import pytest
-from conftest import PY, eventually, gateway_env, inproc, make_settings, ok, probe, text_of, write_config
+from conftest import PY, call, eventually, inproc, make_settings, ok, probe, stdio_gateway, text_of, write_config
 from mcp import ClientSession
 
-from gateway.proxy.reload import ConfigReloader
-from gateway.proxy.upstream_stdio import linear_stdio_client
+from gateway.proxy.reload import SETTLE_SECONDS, ConfigReloader
 from gateway.settings import load_settings
 
 pytestmark = pytest.mark.anyio
@@ -57,43 +56,38 @@ async def test_a_running_gateway_gains_and_loses_servers(tmp_path: Path) -> None
     config_text = cfg.read_text()
     changes = Changes()
     errlog_path = tmp_path / "gw.err"
-    with open(errlog_path, "wb") as errlog:
-        async with (
-            linear_stdio_client(PY, ["-m", "gateway", "--config", str(cfg)], gateway_env(), None, errlog) as streams,
-            ClientSession(*streams, message_handler=changes) as session,
-        ):
-            await session.initialize()
-            assert "a__echo" in await tool_names(session)
-            pid_a = int(text_of(await session.call_tool("a__pid", {})))
+    async with stdio_gateway(cfg, errlog_path, message_handler=changes) as session:
+        assert "a__echo" in await tool_names(session)
+        pid_a = int(text_of(await session.call_tool("a__pid", {})))
 
-            # a server added: started, listed, callable; the host told
-            seen = changes.count
-            save(cfg, config_text.replace("[servers.a]", _table("b") + "\n[servers.a]"))
-            await eventually(lambda: changes.count > seen, 20, "list_changed after adding b")
-            await eventually_listed(session, "b__echo")
-            assert text_of(await session.call_tool("b__whoami", {})) == "b"
+        # a server added: started, listed, callable; the host told
+        seen = changes.count
+        save(cfg, config_text.replace("[servers.a]", _table("b") + "\n[servers.a]"))
+        await eventually(lambda: changes.count > seen, 20, "list_changed after adding b")
+        await eventually_listed(session, "b__echo")
+        assert text_of(await session.call_tool("b__whoami", {})) == "b"
 
-            # a server removed: its tools gone, its process ended
-            seen = changes.count
-            save(cfg, config_text.replace(_table("a"), _table("b")))
-            await eventually(lambda: changes.count > seen, 20, "list_changed after removing a")
-            names = await tool_names(session)
-            assert "b__echo" in names and not any(n.startswith("a__") for n in names)
-            await eventually(lambda: ended(pid_a), 15, "server a's process to end")
+        # a server removed: its tools gone, its process ended
+        seen = changes.count
+        save(cfg, config_text.replace(_table("a"), _table("b")))
+        await eventually(lambda: changes.count > seen, 20, "list_changed after removing a")
+        names = await tool_names(session)
+        assert "b__echo" in names and not any(n.startswith("a__") for n in names)
+        await eventually(lambda: ended(pid_a), 15, "server a's process to end")
 
-            # a broken edit: logged with the one-line config message, the running configuration kept
-            save(cfg, config_text.replace(_table("a"), _table("b")) + "\n[servers.c\ncommand = \n")
-            await eventually(lambda: b"the running configuration stays in force" in errlog_path.read_bytes(), 20)
-            assert b"is not valid TOML" in errlog_path.read_bytes()
-            assert b"Traceback" not in errlog_path.read_bytes()
-            assert text_of(await session.call_tool("b__whoami", {})) == "b"
+        # a broken edit: logged with the one-line config message, the running configuration kept
+        save(cfg, config_text.replace(_table("a"), _table("b")) + "\n[servers.c\ncommand = \n")
+        await eventually(lambda: b"the running configuration stays in force" in errlog_path.read_bytes(), 20)
+        assert b"is not valid TOML" in errlog_path.read_bytes()
+        assert b"Traceback" not in errlog_path.read_bytes()
+        assert text_of(await session.call_tool("b__whoami", {})) == "b"
 
-            # fixed again: applied
-            seen = changes.count
-            save(cfg, config_text.replace(_table("a"), _table("b") + _table("c")))
-            await eventually(lambda: changes.count > seen, 20, "list_changed after the fix")
-            await eventually_listed(session, "c__echo")
-            assert text_of(await session.call_tool("c__whoami", {})) == "c"
+        # fixed again: applied
+        seen = changes.count
+        save(cfg, config_text.replace(_table("a"), _table("b") + _table("c")))
+        await eventually(lambda: changes.count > seen, 20, "list_changed after the fix")
+        await eventually_listed(session, "c__echo")
+        assert text_of(await session.call_tool("c__whoami", {})) == "c"
 
 
 async def eventually_listed(session: ClientSession, name: str) -> None:
@@ -173,3 +167,38 @@ async def test_a_reload_while_a_listing_waits_for_a_slow_server(tmp_path: Path) 
         names = {t.name for t in listed[0].tools}
         assert "a__echo" in names
         await eventually_listed(session, "c__echo")
+
+
+async def test_a_config_caught_mid_save_is_not_applied(tmp_path: Path) -> None:
+    """The file is written in two steps: first cut inside server b's table (valid TOML: b with its command
+    but not its arguments), the whole file shortly after (adding c). b is neither dropped nor restarted
+    with half its settings: its call in flight answers, its process is the same; the whole file applies."""
+    cfg = write_config(tmp_path, {"a": probe("a"), "b": probe("b")})
+    whole = cfg.read_text() + _table("c")
+    cut = whole[: whole.index("args", whole.index("[servers.b]"))]
+    assert load_settings_text(tmp_path, cut).servers["b"].args == []  # the cut loads: valid and whole-looking
+    errlog_path = tmp_path / "gw.err"
+    async with stdio_gateway(cfg, errlog_path) as session:
+        pid_b = int(text_of(await session.call_tool("b__pid", {})))
+        slow: list[types.CallToolResult] = []
+        async with anyio.create_task_group() as tg:
+
+            async def in_flight() -> None:
+                slow.append(await call(session, "b__slow", {"seconds": 3}))
+
+            tg.start_soon(in_flight)
+            cfg.write_text(cut, encoding="utf-8")  # in place, as a writer caught half way
+            await anyio.sleep(SETTLE_SECONDS / 2)  # the writer's pace: the rest comes well within the settle time
+            cfg.write_text(whole, encoding="utf-8")
+        assert not slow[0].is_error and text_of(slow[0]) == "slept", text_of(slow[0])
+        await eventually_listed(session, "c__echo")  # the whole file applied
+        assert int(text_of(await session.call_tool("b__pid", {}))) == pid_b
+        assert text_of(await session.call_tool("b__whoami", {})) == "b"
+    assert b"removed b" not in errlog_path.read_bytes() and b"restarted b" not in errlog_path.read_bytes()
+
+
+def load_settings_text(tmp_path: Path, text: str) -> Any:
+    path = tmp_path / "cut" / "gateway.toml"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return load_settings(path, environ={})

@@ -7,6 +7,12 @@ tool mode, offload policy, limits) applies in place. Of the gateway-wide setting
 result limits and the tool mode apply live; the rest (transport, host, port, workspace, plugins,
 the model endpoint, tokens) is logged as needing a restart. A file that does not load is logged
 with the message `inspect` prints, and the running configuration stays in force.
+
+A file caught mid-save can be valid TOML that ends early: the servers after the cut would stop (their
+calls in flight failing) or restart with half their settings. So a change is applied only once the
+file has stayed the same for `SETTLE_SECONDS` (re-read and compared byte for byte; changed, it is
+loaded again and waited for again). Every change waits, not only those that stop a process: a cut
+can as well drop a tool filter or a size limit, and a second is nothing for a save.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import anyio
@@ -32,6 +39,10 @@ LIVE_GATEWAY_KEYS = ("budget", "context_window", "max_response_size", "max_respo
 # what a running upstream connection was made from: a change means stopping it and starting anew
 CONNECTION_KEYS = ("command", "args", "env", "cwd", "url", "headers", "init_timeout_seconds", "ping_seconds")
 DEBOUNCE_MS = 300  # editors write a file in several steps (truncate, write, rename)
+# how long a file must stay unchanged before it is applied: editors finish a save in milliseconds,
+# a script writing in pieces or a network file system within a few hundred
+SETTLE_SECONDS = 0.75
+SETTLE_TRIES = 8  # a file still changing after this many looks is left to its next change event
 STOP_WAIT = 10.0
 
 
@@ -129,38 +140,56 @@ class ConfigReloader:
         self.listening = anyio.Event()  # set once SIGHUP is handled here (before, it would end the process)
 
     async def reload(self, why: str) -> Plan | None:
-        """Load and apply; None (logged, the running configuration kept) when the file does not load."""
+        """Load and apply, once the file has settled; None (logged, the running configuration kept) when
+        the file does not load or does not settle."""
         async with self._lock:
-            try:
-                new = await anyio.to_thread.run_sync(self.load)
-            except ConfigError as exc:
+            for _ in range(SETTLE_TRIES):
+                before = await anyio.to_thread.run_sync(_read, self.gateway.settings.config_path)
+                new = await self._load(why)
+                if new is None:
+                    return None
+                change = plan(self.gateway.settings, new)
+                if change.empty:
+                    log.info("config reload (%s): no change", why)
+                    return change
+                await anyio.sleep(SETTLE_SECONDS)
+                if before == await anyio.to_thread.run_sync(_read, self.gateway.settings.config_path):
+                    break
+                log.info("config reload (%s): the file is still being written; waiting for it to settle", why)
+            else:
                 self.failed += 1
-                message = " ".join(line.strip() for line in str(exc).splitlines())
-                log.error("config reload (%s): %s; the running configuration stays in force", why, message)
+                log.error("config reload (%s): the file kept changing; the running configuration stays in force", why)
                 return None
-            except Exception as exc:  # never let a reload take the gateway down
-                self.failed += 1
-                log.exception("config reload (%s) failed: %s; the running configuration stays in force", why, exc)
-                return None
-            if self.gateway.settings.servers and not new.servers:
-                # an editor that truncates before it writes, a half-written file: never "no servers"
-                self.failed += 1
-                log.error(
-                    "config reload (%s): the file names no servers; the running configuration stays in force "
-                    "(restart the gateway to run it without servers)",
-                    why,
-                )
-                return None
-            change = plan(self.gateway.settings, new)
-            if change.empty:
-                log.info("config reload (%s): no change", why)
-                return change
             for what in change.needs_restart:
                 log.warning("config reload: %s changed; it needs a restart of the gateway to apply", what)
             await self.gateway.reconfigure(new, change)
             self.applied += 1
             log.warning("config reloaded (%s): %s", why, change.summary())
             return change
+
+    async def _load(self, why: str) -> Settings | None:
+        """The settings, parsed and validated whole; None (logged) when they do not load."""
+        try:
+            new = await anyio.to_thread.run_sync(self.load)
+        except ConfigError as exc:
+            self.failed += 1
+            message = " ".join(line.strip() for line in str(exc).splitlines())
+            log.error("config reload (%s): %s; the running configuration stays in force", why, message)
+            return None
+        except Exception as exc:  # never let a reload take the gateway down
+            self.failed += 1
+            log.exception("config reload (%s) failed: %s; the running configuration stays in force", why, exc)
+            return None
+        if self.gateway.settings.servers and not new.servers:
+            # an editor that truncates before it writes, a half-written file: never "no servers"
+            self.failed += 1
+            log.error(
+                "config reload (%s): the file names no servers; the running configuration stays in force "
+                "(restart the gateway to run it without servers)",
+                why,
+            )
+            return None
+        return new
 
     async def watch(self) -> None:
         """Reload on every change to the config file (by name: editors save by writing a new file and
@@ -197,3 +226,11 @@ class ConfigReloader:
                 await self.reload(f"{path.name} changed")
         except Exception as exc:  # a folder that cannot be watched: SIGHUP still works
             log.warning("cannot watch %s for changes (%s); send SIGHUP to reload it", path, exc)
+
+
+def _read(path: Path | None) -> bytes | None:
+    """The config file's bytes, to tell whether it changed (None: no file, or unreadable now)."""
+    try:
+        return path.read_bytes() if path is not None else None
+    except OSError:
+        return None

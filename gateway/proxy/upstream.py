@@ -142,6 +142,7 @@ class Upstream:
         self._refresh = False
         self._log_mark = 0
         self._in_flight: list[_InFlight] = []
+        self._ping: tuple[anyio.CancelScope, float] | None = None  # the health check in flight, its timeout
         self.raw = RawRequests()  # lean-path calls beside the SDK's session (stdio only)
 
     @property
@@ -239,12 +240,13 @@ class Upstream:
                     cfg.cwd or None,
                     errlog,
                     on_exit=self._on_stdout_closed,
+                    on_bytes=self._heard,
                     spiller=self.spiller,
                     raw=self.raw,
                 ) as streams:
                     yield streams
         else:
-            self._spooling = SpoolingTransport(self.spiller) if self.spiller is not None else None
+            self._spooling = SpoolingTransport(self.spiller, on_bytes=self._heard)
             async with (
                 httpx2.AsyncClient(
                     headers=cfg.headers, timeout=httpx2.Timeout(30, read=None), transport=self._spooling
@@ -269,6 +271,15 @@ class Upstream:
         if not self.stdout_noise:
             return ""
         return f"; it wrote to stdout {self.stdout_noise} (an MCP server writes only JSON-RPC there, logs to stderr)"
+
+    def _heard(self) -> None:
+        """Bytes came from the server (any line, any part of one, any HTTP response bytes): it is alive. A
+        ping waits behind the results queued before it on the pipe, so its deadline runs from the last
+        bytes heard, not from when it was sent: a server busy sending a burst of large results is never
+        taken for hung."""
+        if self._ping is not None:
+            scope, timeout = self._ping
+            scope.deadline = asyncio.get_running_loop().time() + timeout
 
     def _on_stdout_closed(self) -> None:
         if not self._stopping:
@@ -334,15 +345,22 @@ class Upstream:
                 await self._list_all(session)
                 await self._notify()
             if anyio.current_time() >= next_ping:
-                try:
-                    with anyio.fail_after(timeout):
-                        await session.send_ping()
-                except MCPError as exc:
-                    if exc.error.code != types.METHOD_NOT_FOUND:
-                        raise ConnectionLost(f"ping failed: {exc.error.message}") from None
-                except TimeoutError:
-                    raise ConnectionLost(f"no answer to ping within {timeout:.0f} s (hung?)") from None
+                await self._health_check(session, timeout)
                 next_ping = anyio.current_time() + interval
+
+    async def _health_check(self, session: ClientSession, timeout: float) -> None:
+        """A ping, answered within `timeout` of the last bytes the server sent (`_heard`)."""
+        try:
+            with anyio.CancelScope(deadline=anyio.current_time() + timeout) as scope:
+                self._ping = scope, timeout
+                await session.send_ping()
+        except MCPError as exc:
+            if exc.error.code != types.METHOD_NOT_FOUND:
+                raise ConnectionLost(f"ping failed: {exc.error.message}") from None
+        finally:
+            self._ping = None
+        if scope.cancelled_caught:
+            raise ConnectionLost(f"no answer to ping and no bytes from the server for {timeout:.0f} s (hung?)")
 
     async def _notify(self) -> None:
         if self.on_change is not None:

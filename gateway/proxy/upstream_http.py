@@ -5,6 +5,7 @@ the SDK's client, a transport wrapper rewrites each response body as it streams:
 SSE `data:` line longer than the spiller's threshold is written to a spool file, read back with its
 long strings left on disk (`gateway.services.spill`) and passed on as the small JSON with markers.
 Everything shorter flows through unchanged, line by line, so progress events are not delayed.
+The same wrapper reports every response's bytes as they arrive: the health check's sign of life.
 """
 
 from __future__ import annotations
@@ -28,10 +29,17 @@ DRAIN_SECONDS = 0.05  # how long a closed POST response is read to its end (a se
 
 
 class SpoolingTransport(httpx2.AsyncBaseTransport):
-    """An httpx transport whose JSON and SSE response bodies spool their long messages to disk."""
+    """An httpx transport whose JSON and SSE response bodies spool their long messages to disk (with a
+    `spiller`), and that calls `on_bytes` whenever response bytes arrive."""
 
-    def __init__(self, spiller: Spiller, inner: httpx2.AsyncBaseTransport | None = None):
+    def __init__(
+        self,
+        spiller: Spiller | None,
+        inner: httpx2.AsyncBaseTransport | None = None,
+        on_bytes: Callable[[], None] | None = None,
+    ):
         self.spiller = spiller
+        self.on_bytes = on_bytes
         self.inner = inner or httpx2.AsyncHTTPTransport()
         # whether the SDK's session still waits for a response id (set once it runs): a late reply to a
         # cancelled call is dropped by the SDK, so the files its long strings left are released here
@@ -39,6 +47,11 @@ class SpoolingTransport(httpx2.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         response = await self.inner.handle_async_request(request)
+        if self.on_bytes is not None:
+            self.on_bytes()  # the status line and headers
+            response.stream = _Heard(response.stream, self.on_bytes)  # type: ignore[arg-type]
+        if self.spiller is None:
+            return response
         kind = response.headers.get("content-type", "").lower()
         encoded = response.headers.get("content-encoding", "identity").lower() not in ("", "identity")
         sse = kind.startswith("text/event-stream")
@@ -47,6 +60,20 @@ class SpoolingTransport(httpx2.AsyncBaseTransport):
         response.headers.pop("content-length", None)
         response.stream = _Rewritten(response.stream, self, sse, drain=request.method == "POST")  # type: ignore[arg-type]
         return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class _Heard(httpx2.AsyncByteStream):
+    def __init__(self, inner: httpx2.AsyncByteStream, heard: Callable[[], None]):
+        self.inner = inner
+        self.heard = heard
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self.inner:
+            self.heard()
+            yield chunk
 
     async def aclose(self) -> None:
         await self.inner.aclose()

@@ -49,6 +49,16 @@ async def _stop(process: Process) -> None:
             await process.aclose()
 
 
+def _heard_first(feed: Callable[[bytes], None], heard: Callable[[], None]) -> Callable[[bytes], None]:
+    """A stream reader's `feed_data` that reports each read as it arrives (before the line tap takes it)."""
+
+    def fed(data: bytes) -> None:
+        heard()
+        feed(data)
+
+    return fed
+
+
 @asynccontextmanager
 async def linear_stdio_client(
     command: str,
@@ -57,13 +67,15 @@ async def linear_stdio_client(
     cwd: str | None,
     errlog: IO[bytes],
     on_exit: Callable[[], None] | None = None,
+    on_bytes: Callable[[], None] | None = None,
     spiller: Spiller | None = None,
     raw: RawRequests | None = None,
 ) -> AsyncIterator[tuple[anyio.abc.ObjectReceiveStream, anyio.abc.ObjectSendStream]]:
     """Start `command` and yield `(read, write)` streams for `ClientSession`.
 
     `on_exit` is called when the child's stdout ends (the child died or closed it), so the
-    owner can reconnect instead of waiting for a call to fail. With `spiller`, long lines are spooled
+    owner can reconnect instead of waiting for a call to fail. `on_bytes` is called whenever bytes come
+    from the child (any read, whole lines or not: a sign of life). With `spiller`, long lines are spooled
     to disk as they arrive (bounded memory for huge results). With `raw`, requests can also be written
     beside the SDK's session (the lean path) and their replies are taken off the line for it.
     """
@@ -72,11 +84,19 @@ async def linear_stdio_client(
     write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](16)
     send, write = compat.direct_sinks(process.stdin)
 
+    stdout = compat.stream_reader(process.stdout)
+
+    async def receive() -> bytes:
+        chunk = await process.stdout.receive(READ_CHUNK)  # type: ignore[union-attr]
+        if on_bytes is not None and stdout is None:  # else heard as the bytes arrive (below)
+            on_bytes()
+        return chunk
+
     async def reader() -> None:
         assert process.stdout is not None
         try:
             await pump_lines(
-                lambda: process.stdout.receive(READ_CHUNK),  # type: ignore[union-attr]
+                receive,
                 read_send,
                 spiller=spiller,
                 intercept=raw.intercept if raw is not None else None,
@@ -96,8 +116,10 @@ async def linear_stdio_client(
 
     if raw is not None:
         raw.attach(send, write)
-        if (stdout := compat.stream_reader(process.stdout)) is not None:  # its replies taken as they arrive
+        if stdout is not None:  # its replies taken as they arrive
             stdout.feed_data = line_tap(stdout.feed_data, raw.intercept, raw.worth)
+    if on_bytes is not None and stdout is not None:
+        stdout.feed_data = _heard_first(stdout.feed_data, on_bytes)
     async with anyio.create_task_group() as tg:
         tg.start_soon(reader)
         tg.start_soon(writer)

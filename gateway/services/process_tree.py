@@ -3,14 +3,19 @@
 A host's statusline figure must reach only the gateways that host started. The statusline command
 records its ancestors; a gateway takes a figure only when its own host is among them. Linux reads
 /proc, macOS asks `ps`; elsewhere nothing is known, and only CTX_HOST_SESSION_ID links the two sides.
+Names are read as bytes and decoded leniently: Linux cuts a name at 15 bytes, which can split a UTF-8
+character, and nothing read here may ever keep a gateway from starting (an unknown host is the answer).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 MAX_DEPTH = 16
 # Launchers between a host and the command it runs (`sh -c`, `npx`, `uvx`, ...): skipped to find the host.
@@ -28,20 +33,22 @@ NOT_HOSTS = {
 
 def _parent_linux(pid: int) -> tuple[int, str] | None:
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+        # pid (comm) state ppid ...: comm may hold spaces and parentheses, so split at the last ')'
+        name = stat[stat.find(b"(") + 1 : stat.rfind(b")")].decode("utf-8", "replace")
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        return int(fields[1]), name
+    except (OSError, ValueError, IndexError):  # gone meanwhile, or a line of another shape
         return None
-    # pid (comm) state ppid ...: comm may hold spaces and parentheses, so split at the last ')'
-    name = stat[stat.find("(") + 1 : stat.rfind(")")]
-    fields = stat[stat.rfind(")") + 2 :].split()
-    return int(fields[1]), name
 
 
 def _parent_ps(pid: int) -> tuple[int, str] | None:
     try:
-        out = subprocess.run(
-            ["ps", "-o", "ppid=,comm=", "-p", str(pid)], capture_output=True, text=True, timeout=2, check=False
-        ).stdout.strip()
+        out = (
+            subprocess.run(["ps", "-o", "ppid=,comm=", "-p", str(pid)], capture_output=True, timeout=2, check=False)
+            .stdout.decode("utf-8", "replace")
+            .strip()
+        )
         ppid, _, comm = out.partition(" ")
         return int(ppid), os.path.basename(comm.strip())
     except (OSError, ValueError, subprocess.SubprocessError):
@@ -50,6 +57,14 @@ def _parent_ps(pid: int) -> tuple[int, str] | None:
 
 def ancestors(pid: int | None = None) -> list[tuple[int, str]]:
     """(pid, name) of each ancestor of `pid` (default: this process), nearest first; [] when unknown."""
+    try:
+        return _ancestors(pid)
+    except Exception as exc:  # never a reason to fail a start or a hook
+        log.warning("the process's ancestors cannot be read (%s); its host is taken as unknown", exc)
+        return []
+
+
+def _ancestors(pid: int | None) -> list[tuple[int, str]]:
     if sys.platform.startswith("linux"):
         parent_of = _parent_linux
     elif sys.platform == "darwin":

@@ -55,6 +55,10 @@ if "--cut" in sys.argv:  # a tool whose reply stops half way: the process dies m
     TOOLS.append({"name": "cut", "description": "Die while answering.", "inputSchema": {"type": "object"}})
 
 
+if "--slow-big" in sys.argv:  # a large reply written slowly, a piece at a time (a busy, living server)
+    TOOLS.append({"name": "slow_big", "description": "A large reply, slowly.", "inputSchema": {"type": "object"}})
+
+
 RESOURCES = "--resources" in sys.argv  # declares resources but has no resources/templates/list (-32601)
 
 
@@ -100,6 +104,21 @@ for line in sys.stdin:
 
         time.sleep(float(args.get("delay", 1)))
         reply(msg_id, {"content": [{"type": "text", "text": "L" * int(args.get("size", 6_000_000))}]})
+    elif method == "tools/call" and msg["params"]["name"] == "slow_big":
+        import time
+
+        args = msg["params"].get("arguments") or {}
+        size, pieces = int(args.get("size", 1_000_000)), int(args.get("pieces", 20))
+        line = json.dumps(
+            {"jsonrpc": "2.0", "id": msg_id, "result": {"content": [{"type": "text", "text": "B" * size}]}}
+        )
+        step = len(line) // pieces + 1
+        for begin in range(0, len(line), step):
+            sys.stdout.write(line[begin : begin + step])
+            sys.stdout.flush()
+            time.sleep(float(args.get("pause", 0.02)))
+        sys.stdout.write("\n")
+        sys.stdout.flush()
     elif method == "tools/call" and msg["params"]["name"] == "deep":
         nested = "[" * 1500 + "]" * 1500
         sys.stdout.write(
