@@ -3,19 +3,22 @@ does not keep every session it ever touched in memory."""
 
 from __future__ import annotations
 
+import gc
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from conftest import gateway_env, serving, text_of
+from conftest import gateway_env, gateway_pid, http_gateway, inproc, make_settings, ok, serving, text_of
 from test_front_and_cli import ALICE, BOB, _as, _two_tenants
 
 pytestmark = pytest.mark.anyio
 BIG_NOTES, BIG_NOTE = 40, 100_000
 LONG_SESSION = 1_500
+HUGE_NOTES = 300
 
 
 def _write_session(folder: Path, session_id: str, texts: list[str]) -> None:
@@ -77,3 +80,64 @@ async def test_one_tenants_heavy_memory_work_never_stalls_another(tmp_path: Path
             found = done["recall"].structured_content
             assert len(found["matches"]) + found.get("left_out", {}).get("matches", 0) == BIG_NOTES
             assert max(waits) < 2.0, f"bob waited {max(waits):.2f} s for an append and a listing"
+
+
+def _alive() -> tuple[int, int]:
+    """Memory sessions held by this process, and the characters of their notes."""
+    from plugins.memory.sessions import Session
+
+    held = [o for o in gc.get_objects() if isinstance(o, Session)]
+    return len(held), sum(len(e.text) for s in held for e in s.entries.values())
+
+
+async def test_sessions_held_in_memory_stay_bounded_and_lose_no_note(tmp_path: Path) -> None:
+    """After 60 sessions and one of 40 MB, the gateway holds a bounded number of them and of their bytes
+    (every session touched stayed in memory for good, and a lock per session with it); every note is
+    still recalled, and a session read back from its log goes on with the next id."""
+    _write_session(tmp_path / "ws" / "sessions", "huge", [f"huge-{i} " + "x" * 200_000 for i in range(200)])
+    async with inproc(make_settings(tmp_path, {}, plugins=["memory"], budget=4000)) as (gateway, s):
+        (memory,) = [p for p in gateway.pipeline.plugins if p.name == "memory"]
+        found = await ok(s, "context_recall", {"session_id": "huge", "query": "huge-7", "max_tokens": 200_000})
+        assert [m["id"] for m in found["matches"]][:1] == ["e00008"]
+        for i in range(60):
+            await ok(s, "context_append", {"session_id": f"s{i}", "text": f"ticket OPS-{i} belongs to team {i}"})
+        gc.collect()
+        sessions, chars = _alive()
+        assert sessions <= 40 and chars <= 20_000_000, (sessions, chars)
+        assert len(memory._locks) == 0
+        for i in range(60):
+            recalled = await ok(s, "context_recall", {"session_id": f"s{i}", "query": f"OPS-{i}"})
+            assert [m["text"] for m in recalled["matches"]] == [f"ticket OPS-{i} belongs to team {i}"]
+        again = await ok(s, "context_append", {"session_id": "s0", "text": "second note of s0"})
+        assert again["id"] == "e00002"
+        found = await ok(s, "context_recall", {"session_id": "huge", "query": "huge-199", "max_tokens": 200_000})
+        assert found["matches"][0]["id"] == "e00200"
+
+
+def _rss(pid: int) -> int:
+    """A process's resident memory now, in bytes (VmRSS)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads the gateway's resident memory from /proc")
+async def test_a_huge_session_does_not_stay_in_the_gateways_memory(tmp_path: Path) -> None:
+    """A session of 300 notes of 200,000 characters (60 MB of log), recalled twice over HTTP: the gateway's
+    resident memory comes back down (it kept every session it had read for good: +121 MB)."""
+    _write_session(tmp_path / "ws" / "sessions", "huge", [f"huge-{i} " + "x" * 200_000 for i in range(HUGE_NOTES)])
+    with http_gateway(tmp_path, "--plugins", "memory", servers={}) as url:
+        pid = gateway_pid(tmp_path / "gateway.toml")
+        async with await _as(url, "") as s:
+            await s.call_tool("context_append", {"session_id": "small", "text": "warm up"})
+            before = _rss(pid)
+            for query in ("huge-7", "huge-123"):
+                found = await s.call_tool(
+                    "context_recall", {"session_id": "huge", "query": query, "max_tokens": 100_000}
+                )
+                assert not found.is_error and found.structured_content["matches"][0]["text"].startswith(query + " ")
+            await s.call_tool("context_append", {"session_id": "small", "text": "after"})
+            grown = _rss(pid) - before
+    print(f"the gateway's resident memory grew by {grown / 1e6:.0f} MB")
+    assert grown < 40e6, f"{grown / 1e6:.0f} MB"

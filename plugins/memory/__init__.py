@@ -21,7 +21,7 @@ import mcp_types as types
 from gateway.args import Args
 from gateway.handlers import guarded, integer, tool
 from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall
-from gateway.services import shares
+from gateway.services import heap, shares
 from gateway.services.model_endpoint import LLMUnavailable
 from gateway.services.storage import Logs
 from gateway.services.storage_error import StorageError
@@ -45,6 +45,7 @@ log = logging.getLogger("plugins.memory")
 NEAR_BUDGET = 0.8
 RECENCY_WEIGHT = 0.25
 MAX_TEXT = 200_000
+GIVE_BACK_CHARS = 4_000_000  # sessions this large dropped from memory: their pages go back to the system
 T = TypeVar("T")
 
 
@@ -129,11 +130,18 @@ class MemoryPlugin(Plugin):
         assert self.ctx is not None
         return self.ctx.window.budget(session_id)
 
-    @staticmethod
-    async def _run(call: ToolCall, fn: Callable[..., T], *args: Any) -> T:
+    async def _run(self, call: ToolCall, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)` off the event loop, in the caller's share of the store's threads: logs, the index,
         ranking and summaries all take CPU or wait on a disk, and the loop serves every tenant."""
-        return await shares.store_pool().run(call.namespace, fn, *args)
+        return await shares.store_pool().run(call.namespace, self._then_give_back, call.namespace, fn, *args)
+
+    def _then_give_back(self, namespace: str, fn: Callable[..., T], *args: Any) -> T:
+        try:
+            return fn(*args)
+        finally:  # the call is done with its session: when a large one left the cache, its memory is free now
+            cache = self.sessions.get(namespace)
+            if cache is not None and cache.take_dropped() >= GIVE_BACK_CHARS:
+                heap.give_back()  # else a thread's heap keeps the pages (+60 MB after one 60 MB session)
 
     @staticmethod
     def _usage(session: Session, budget: int) -> dict[str, Any]:

@@ -192,6 +192,7 @@ class SessionCache:
     def __init__(self, count: int = 32, chars: int = 16_000_000):
         self.count, self.chars = count, chars
         self._held: OrderedDict[str, Session] = OrderedDict()
+        self._dropped = 0  # characters of the sessions dropped since `take_dropped`
         self._lock = threading.Lock()  # calls on different sessions run in threads at once
 
     def __len__(self) -> int:
@@ -215,7 +216,15 @@ class SessionCache:
             while self._held and (len(self._held) > self.count or held > self.chars):
                 _, dropped = self._held.popitem(last=False)
                 held -= dropped.chars
+                self._dropped += dropped.chars
         return session
+
+    def take_dropped(self) -> int:
+        """The characters of the sessions dropped since the last call: worth giving back to the system
+        when large (a thread's heap keeps freed pages)."""
+        with self._lock:
+            dropped, self._dropped = self._dropped, 0
+        return dropped
 
 
 class RecallIndex:
