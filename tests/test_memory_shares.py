@@ -12,7 +12,7 @@ from typing import Any
 
 import anyio
 import pytest
-from conftest import gateway_env, gateway_pid, http_gateway, inproc, make_settings, ok, serving, text_of
+from conftest import gateway_env, gateway_pid, http_gateway, inproc, make_settings, ok, rss, serving, text_of
 from test_front_and_cli import ALICE, BOB, _as, _two_tenants
 
 pytestmark = pytest.mark.anyio
@@ -114,14 +114,6 @@ async def test_sessions_held_in_memory_stay_bounded_and_lose_no_note(tmp_path: P
         assert found["matches"][0]["id"] == "e00200"
 
 
-def _rss(pid: int) -> int:
-    """A process's resident memory now, in bytes (VmRSS)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
 @pytest.mark.skipif(sys.platform != "linux", reason="reads the gateway's resident memory from /proc")
 async def test_a_huge_session_does_not_stay_in_the_gateways_memory(tmp_path: Path) -> None:
     """A session of 300 notes of 200,000 characters (60 MB of log), recalled twice over HTTP: the gateway's
@@ -131,13 +123,13 @@ async def test_a_huge_session_does_not_stay_in_the_gateways_memory(tmp_path: Pat
         pid = gateway_pid(tmp_path / "gateway.toml")
         async with await _as(url, "") as s:
             await s.call_tool("context_append", {"session_id": "small", "text": "warm up"})
-            before = _rss(pid)
+            before = rss(pid)
             for query in ("huge-7", "huge-123"):
                 found = await s.call_tool(
                     "context_recall", {"session_id": "huge", "query": query, "max_tokens": 100_000}
                 )
                 assert not found.is_error and found.structured_content["matches"][0]["text"].startswith(query + " ")
             await s.call_tool("context_append", {"session_id": "small", "text": "after"})
-            grown = _rss(pid) - before
+            grown = rss(pid) - before
     print(f"the gateway's resident memory grew by {grown / 1e6:.0f} MB")
     assert grown < 40e6, f"{grown / 1e6:.0f} MB"

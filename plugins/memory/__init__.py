@@ -140,7 +140,7 @@ class MemoryPlugin(Plugin):
             return fn(*args)
         finally:  # the call is done with its session: when a large one left the cache, its memory is free now
             cache = self.sessions.get(namespace)
-            if cache is not None and cache.take_dropped() >= GIVE_BACK_CHARS:
+            if cache is not None and cache.settle() >= GIVE_BACK_CHARS:
                 heap.give_back()  # else a thread's heap keeps the pages (+60 MB after one 60 MB session)
 
     @staticmethod

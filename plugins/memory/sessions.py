@@ -192,7 +192,7 @@ class SessionCache:
     def __init__(self, count: int = 32, chars: int = 16_000_000):
         self.count, self.chars = count, chars
         self._held: OrderedDict[str, Session] = OrderedDict()
-        self._dropped = 0  # characters of the sessions dropped since `take_dropped`
+        self._dropped = 0  # characters of the sessions dropped since the last `settle`
         self._lock = threading.Lock()  # calls on different sessions run in threads at once
 
     def __len__(self) -> int:
@@ -212,19 +212,28 @@ class SessionCache:
         session.refresh()
         with self._lock:
             self._held[session_id] = session  # the most recently used: last
-            held = sum(s.chars for s in self._held.values())
-            while self._held and (len(self._held) > self.count or held > self.chars):
-                _, dropped = self._held.popitem(last=False)
-                held -= dropped.chars
-                self._dropped += dropped.chars
+            self._evict()
         return session
 
-    def take_dropped(self) -> int:
-        """The characters of the sessions dropped since the last call: worth giving back to the system
-        when large (a thread's heap keeps freed pages)."""
+    def settle(self) -> int:
+        """Drop what is over the caps now (a call's notes grow its session after `get`); the characters
+        dropped since the last settle: worth giving back to the system when large (a thread's heap keeps
+        freed pages)."""
         with self._lock:
+            self._evict()
             dropped, self._dropped = self._dropped, 0
         return dropped
+
+    def _evict(self) -> None:
+        """Under the lock: a session over `chars` alone first (it is read per call), then the least recently
+        used while over either cap."""
+        for name in [n for n, s in self._held.items() if s.chars > self.chars]:
+            self._dropped += self._held.pop(name).chars
+        held = sum(s.chars for s in self._held.values())
+        while self._held and (len(self._held) > self.count or held > self.chars):
+            _, dropped = self._held.popitem(last=False)
+            held -= dropped.chars
+            self._dropped += dropped.chars
 
 
 class RecallIndex:
