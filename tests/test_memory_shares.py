@@ -12,8 +12,21 @@ from typing import Any
 
 import anyio
 import pytest
-from conftest import gateway_env, gateway_pid, http_gateway, inproc, make_settings, ok, rss, serving, text_of
-from test_front_and_cli import ALICE, BOB, _as, _two_tenants
+from conftest import (
+    ALICE,
+    BOB,
+    gateway_env,
+    gateway_pid,
+    http_gateway,
+    inproc,
+    make_settings,
+    ok,
+    rss,
+    serving,
+    tenant_session,
+    text_of,
+    two_tenants,
+)
 
 pytestmark = pytest.mark.anyio
 BIG_NOTES, BIG_NOTE = 40, 100_000
@@ -46,7 +59,7 @@ async def test_one_tenants_heavy_memory_work_never_stalls_another(tmp_path: Path
     """alice recalls over 40 notes of 100,000 characters and compacts a 1,500-note session (the fallback
     summary: no model answers); meanwhile bob's appends and tool listings answer promptly (the ranking
     and the summary used to run on the event loop and stall every call of every tenant)."""
-    cmd, port = _two_tenants(tmp_path, {}, ["memory"])
+    cmd, port = two_tenants(tmp_path, {}, ["memory"])
     sessions = tmp_path / "ws" / "ns" / "alice" / "sessions"
     _write_session(sessions, "big", [_big_note(i) for i in range(BIG_NOTES)])
     _write_session(
@@ -54,7 +67,7 @@ async def test_one_tenants_heavy_memory_work_never_stalls_another(tmp_path: Path
     )
     url = f"http://127.0.0.1:{port}/mcp"
     with serving(cmd, f"http://127.0.0.1:{port}/nothing", gateway_env()):
-        async with await _as(url, ALICE) as alice, await _as(url, BOB) as bob:
+        async with tenant_session(url, ALICE) as alice, tenant_session(url, BOB) as bob:
             await bob.call_tool("context_append", {"session_id": "mine", "text": "warm up"})
             done: dict[str, Any] = {}
             waits: list[float] = []
@@ -121,7 +134,7 @@ async def test_a_huge_session_does_not_stay_in_the_gateways_memory(tmp_path: Pat
     _write_session(tmp_path / "ws" / "sessions", "huge", [f"huge-{i} " + "x" * 200_000 for i in range(HUGE_NOTES)])
     with http_gateway(tmp_path, "--plugins", "memory", servers={}) as url:
         pid = gateway_pid(tmp_path / "gateway.toml")
-        async with await _as(url, "") as s:
+        async with tenant_session(url, "") as s:
             await s.call_tool("context_append", {"session_id": "small", "text": "warm up"})
             before = rss(pid)
             for query in ("huge-7", "huge-123"):
