@@ -292,10 +292,19 @@ def gateway_pid(config: Path) -> int:
 
 def peak_rss(pid: int) -> int:
     """A process's peak resident memory in bytes (VmHWM)."""
+    return _memory_figure(pid, "VmHWM")
+
+
+def rss(pid: int) -> int:
+    """A process's resident memory now, in bytes (VmRSS)."""
+    return _memory_figure(pid, "VmRSS")
+
+
+def _memory_figure(pid: int, field: str) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) * 1024
-    raise AssertionError("no VmHWM")
+    raise AssertionError(f"no {field}")
 
 
 def gateway_pipes(config: Path) -> Any:

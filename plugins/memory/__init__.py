@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
-import anyio.to_thread
 import mcp_types as types
 
 from gateway.args import Args
 from gateway.handlers import guarded, integer, tool
 from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall
+from gateway.services import heap, shares
 from gateway.services.model_endpoint import LLMUnavailable
 from gateway.services.storage import Logs
 from gateway.services.storage_error import StorageError
@@ -26,7 +29,15 @@ from gateway.services.tokens import estimate_tokens
 from plugins.memory.gate import check, with_coverage
 from plugins.memory.guide import GUIDE
 from plugins.memory.recall import Query, folded_worth_showing, order
-from plugins.memory.sessions import AlreadyFolded, Entry, RecallIndex, Session, SessionError, check_session_id
+from plugins.memory.sessions import (
+    AlreadyFolded,
+    Entry,
+    RecallIndex,
+    Session,
+    SessionCache,
+    SessionError,
+    check_session_id,
+)
 from plugins.memory.summary import INSTRUCTION, STRICT_INSTRUCTION, fallback_summary
 
 log = logging.getLogger("plugins.memory")
@@ -34,6 +45,8 @@ log = logging.getLogger("plugins.memory")
 NEAR_BUDGET = 0.8
 RECENCY_WEIGHT = 0.25
 MAX_TEXT = 200_000
+GIVE_BACK_CHARS = 4_000_000  # sessions this large dropped from memory: their pages go back to the system
+T = TypeVar("T")
 
 
 SID = {"type": "string", "description": "your name for this memory, e.g. 'billing-refactor'"}
@@ -45,10 +58,11 @@ class MemoryPlugin(Plugin):
 
     def __init__(self) -> None:
         self.ctx: GatewayContext | None = None
-        self.sessions: dict[tuple[str, str], Session] = {}  # (namespace, session id)
+        self.sessions: dict[str, SessionCache] = {}  # one per namespace: its share of sessions held in memory
         self.recall_indexes: dict[str, RecallIndex] = {}  # one per namespace
         self.logs: dict[str, Logs] = {}  # one per namespace: the sessions' logs
-        self._locks: dict[str, anyio.Lock] = {}
+        self._locks: dict[str, anyio.Lock] = {}  # of the sessions a call holds or waits for, only
+        self._opening = threading.Lock()  # a namespace's index and logs are opened once, by one thread
 
     async def start(self, ctx: GatewayContext) -> None:
         self.ctx = ctx
@@ -66,6 +80,10 @@ class MemoryPlugin(Plugin):
         return self.ctx.namespace_dir(namespace) / "sessions"
 
     def _recall_index(self, namespace: str) -> RecallIndex:
+        with self._opening:
+            return self._open_index(namespace)
+
+    def _open_index(self, namespace: str) -> RecallIndex:
         if namespace not in self.recall_indexes:
             assert self.ctx is not None
             index = self.ctx.storage.search_index(
@@ -80,19 +98,17 @@ class MemoryPlugin(Plugin):
         return self.recall_indexes[namespace]
 
     def _logs(self, namespace: str) -> Logs:
-        if namespace not in self.logs:
-            assert self.ctx is not None
-            self.logs[namespace] = self.ctx.storage.logs(self._folder(namespace), "memory", namespace)
-        return self.logs[namespace]
+        with self._opening:
+            if namespace not in self.logs:
+                assert self.ctx is not None
+                self.logs[namespace] = self.ctx.storage.logs(self._folder(namespace), "memory", namespace)
+            return self.logs[namespace]
 
     def _session(self, session_id: Any, namespace: str = "") -> Session:
+        """The session brought up to its log (in a thread: reading a log is I/O)."""
         sid = check_session_id(session_id)
-        key = (namespace, sid)
-        if key not in self.sessions:
-            self.sessions[key] = Session(sid, self._logs(namespace).log(sid))
-        session = self.sessions[key]
-        session.refresh()
-        return session
+        cache = self.sessions.get(namespace) or self.sessions.setdefault(namespace, SessionCache())
+        return cache.get(sid, lambda: Session(sid, self._logs(namespace).log(sid)))
 
     def _existing(self, session_id: Any, namespace: str) -> Session:
         """A session that was opened or written to; an unknown name (a typo) is an error naming those that exist."""
@@ -114,8 +130,22 @@ class MemoryPlugin(Plugin):
         assert self.ctx is not None
         return self.ctx.window.budget(session_id)
 
-    def _usage(self, session: Session, session_id: str) -> dict[str, Any]:
-        used, budget = session.used_tokens(), self._budget(session_id)
+    async def _run(self, call: ToolCall, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` off the event loop, in the caller's share of the store's threads: logs, the index,
+        ranking and summaries all take CPU or wait on a disk, and the loop serves every tenant."""
+        return await shares.store_pool().run(call.namespace, self._then_give_back, call.namespace, fn, *args)
+
+    def _then_give_back(self, namespace: str, fn: Callable[..., T], *args: Any) -> T:
+        try:
+            return fn(*args)
+        finally:  # the call is done with its session: when a large one left the cache, its memory is free now
+            cache = self.sessions.get(namespace)
+            if cache is not None and cache.settle() >= GIVE_BACK_CHARS:
+                heap.give_back()  # else a thread's heap keeps the pages (+60 MB after one 60 MB session)
+
+    @staticmethod
+    def _usage(session: Session, budget: int) -> dict[str, Any]:
+        used = session.used_tokens()
         out: dict[str, Any] = {"tokens_used": used, "budget": budget}
         if used >= NEAR_BUDGET * budget:
             out["warning"] = (
@@ -181,26 +211,44 @@ class MemoryPlugin(Plugin):
     def _tool(self, fn: Any) -> Any:
         async def locked(args: Args, call: ToolCall) -> dict[str, Any]:
             sid = check_session_id(args.raw.get("session_id"))
-            async with self._locks.setdefault(f"{call.namespace}/{sid}", anyio.Lock()):  # one session: one at a time
+            async with self._one_at_a_time(f"{call.namespace}/{sid}"):
                 return await fn(args, call)
 
         return guarded(locked, (SessionError, StorageError))
 
+    @asynccontextmanager
+    async def _one_at_a_time(self, key: str) -> AsyncIterator[None]:
+        """One call at a time on a session; its lock is forgotten when no call holds or waits for it."""
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = anyio.Lock()
+        try:
+            async with lock:
+                yield
+        finally:
+            if not lock.locked() and not lock.statistics().tasks_waiting and self._locks.get(key) is lock:
+                del self._locks[key]
+
     async def _guide(self, call: ToolCall) -> types.CallToolResult:
         return types.CallToolResult(content=[types.TextContent(text=GUIDE)])
 
+    # Each tool: arguments read on the loop, then the work (log, index, ranking, summary) in `_run`.
+
     async def open(self, args: Args, call: ToolCall) -> dict[str, Any]:
-        session = await anyio.to_thread.run_sync(self._session, args.raw["session_id"], call.namespace)
-        created = await anyio.to_thread.run_sync(self._create, session)
+        budget = self._budget(call.session_id)
+        return await self._run(call, self._open, args.raw["session_id"], call.namespace, budget)
+
+    def _open(self, session_id: Any, namespace: str, budget: int) -> dict[str, Any]:
+        session = self._session(session_id, namespace)
+        created = self._create(session)
         active = session.active()
-        pinned = [e.view() for e in active if e.pinned]
         return {
             "session_id": session.id,
             "created": created,
             "entries": len(active),
-            "pinned": pinned,
+            "pinned": [e.view() for e in active if e.pinned],
             "last_compaction": session.last_compaction,
-            **self._usage(session, call.session_id),
+            **self._usage(session, budget),
             "log": session.log.where,
         }
 
@@ -215,40 +263,56 @@ class MemoryPlugin(Plugin):
     async def append(self, args: Args, call: ToolCall) -> dict[str, Any]:
         text = args.str("text", required=True, max_len=MAX_TEXT)
         pinned = args.bool("pinned", False)
-        session = await anyio.to_thread.run_sync(self._session, args.raw["session_id"], call.namespace)
-        entry = await anyio.to_thread.run_sync(session.append_entry, text, pinned)
-        return {"id": entry.id, "tokens": entry.tokens, "pinned": pinned, **self._usage(session, call.session_id)}
+        budget = self._budget(call.session_id)
+        return await self._run(call, self._append, args.raw["session_id"], call.namespace, text, pinned, budget)
+
+    def _append(self, session_id: Any, namespace: str, text: str, pinned: bool, budget: int) -> dict[str, Any]:
+        session = self._session(session_id, namespace)
+        entry = session.append_entry(text, pinned)
+        return {"id": entry.id, "tokens": entry.tokens, "pinned": pinned, **self._usage(session, budget)}
 
     async def status_tool(self, args: Args, call: ToolCall) -> dict[str, Any]:
         assert self.ctx is not None
-        session = await anyio.to_thread.run_sync(self._session, args.raw["session_id"], call.namespace)
-        unknown = await anyio.to_thread.run_sync(
-            lambda: None if session.exists else self._unknown(session.id, call.namespace)
-        )
-        active = session.active()
-        out: dict[str, Any] = {
-            "session_id": session.id,
-            # the gateway's figures are worth asking for before any note: an unknown name is said, not refused
-            **({"note": unknown} if unknown else {}),
-            **self._usage(session, call.session_id),
-            "entries": len(active),
-            "pinned": sum(e.pinned for e in active),
-            "superseded": len(session.entries) - len(active),
-            "last_compaction": session.last_compaction,
-            "token_counts": self.ctx.llm.describe(),
-            "window": self.ctx.window.for_session(call.session_id).describe(),
-        }
+        budget = self._budget(call.session_id)
+        out = await self._run(call, self._status, args.raw["session_id"], call.namespace, budget)
+        out["token_counts"] = self.ctx.llm.describe()
+        out["window"] = self.ctx.window.for_session(call.session_id).describe()
         figures = {k: v for k, v in self.ctx.status(call.session_id).items() if k != self.name}
         if figures:
             out["gateway"] = figures
         return out
 
+    def _status(self, session_id: Any, namespace: str, budget: int) -> dict[str, Any]:
+        session = self._session(session_id, namespace)
+        unknown = None if session.exists else self._unknown(session.id, namespace)
+        active = session.active()
+        return {
+            "session_id": session.id,
+            # the gateway's figures are worth asking for before any note: an unknown name is said, not refused
+            **({"note": unknown} if unknown else {}),
+            **self._usage(session, budget),
+            "entries": len(active),
+            "pinned": sum(e.pinned for e in active),
+            "superseded": len(session.entries) - len(active),
+            "last_compaction": session.last_compaction,
+        }
+
     async def compact(self, args: Args, call: ToolCall) -> dict[str, Any]:
-        assert self.ctx is not None
         keep_recent = args.int("keep_recent", 5, lo=0, hi=10_000)
         target = args.int("target_tokens", max(200, self._budget(call.session_id) // 4), lo=50, hi=100_000)
         dry_run = args.bool("dry_run", False)
-        session = await anyio.to_thread.run_sync(self._existing, args.raw["session_id"], call.namespace)
+        plan = await self._run(call, self._plan, args.raw["session_id"], call.namespace, keep_recent, dry_run)
+        if isinstance(plan, dict):  # nothing to fold, or the dry run
+            return plan
+        session, fold, before = plan
+        summary, writer, gate = await self._summarize(call, fold, target)
+        return await self._run(call, self._fold, session, fold, before, summary, writer, gate)
+
+    def _plan(
+        self, session_id: Any, namespace: str, keep_recent: int, dry_run: bool
+    ) -> dict[str, Any] | tuple[Session, list[Entry], int]:
+        """The notes to fold (the session, them, its tokens before), or the answer when none will be."""
+        session = self._existing(session_id, namespace)
         active = session.active()
         candidates = [e for e in active if not e.pinned]
         fold = candidates[: max(0, len(candidates) - keep_recent)]
@@ -264,14 +328,17 @@ class MemoryPlugin(Plugin):
                 "tokens_used": before,
             }
         if dry_run:
+            folding = {e.id for e in fold}
             return {
                 "dry_run": True,
                 "would_fold": [e.id for e in fold],
                 "tokens_folded": sum(e.tokens for e in fold),
-                "kept": [e.id for e in active if e not in fold],
+                "kept": [e.id for e in active if e.id not in folding],
             }
-        text = "\n\n".join(f"[{e.id}] {e.text}" for e in fold)
-        summary, writer, gate = await self._summarize(text, fold, target)
+        return session, fold, before
+
+    @staticmethod
+    def _fold(session: Session, fold: list[Entry], before: int, summary: str, writer: str, gate: str) -> dict[str, Any]:
         folded_tokens = sum(e.tokens for e in fold)
         summary_tokens = estimate_tokens(summary)
         if summary_tokens >= folded_tokens:  # compaction must never grow a session
@@ -283,9 +350,7 @@ class MemoryPlugin(Plugin):
                 "gate": gate,
             }
         try:
-            entry = await anyio.to_thread.run_sync(
-                session.append_compaction, summary, fold, writer.split(" (")[0], gate
-            )
+            entry = session.append_compaction(summary, fold, writer.split(" (")[0], gate)
         except AlreadyFolded as exc:
             return {
                 "folded": 0,
@@ -304,34 +369,42 @@ class MemoryPlugin(Plugin):
             "tokens_after": session.used_tokens(),
         }
 
-    async def _summarize(self, text: str, fold: list[Entry], target: int) -> tuple[str, str, str]:
+    async def _summarize(self, call: ToolCall, fold: list[Entry], target: int) -> tuple[str, str, str]:
         """(summary, who wrote it and why, the gate's verdict). The model's summary must pass the gate; a failed
         one is retried once with a stricter prompt, then the extractive fallback is kept. Either way the fact
-        lines it lacks are added verbatim while they fit, and the notes left out are named."""
+        lines it lacks are added verbatim while they fit, and the notes left out are named. The model is
+        awaited; the gate and the fallback run off the loop."""
         assert self.ctx is not None
         folded = sum(e.tokens for e in fold)
         failures: list[str] = []
         try:
+            text = await self._run(call, lambda: "\n\n".join(f"[{e.id}] {e.text}" for e in fold))
             for instruction in (INSTRUCTION, STRICT_INSTRUCTION):
-                verdict = check(await self.ctx.llm.summarize(text, instruction, max_tokens=target), fold, target)
+                answer = await self.ctx.llm.summarize(text, instruction, max_tokens=target)
+                verdict = await self._run(call, check, answer, fold, target)
                 if not verdict.failed:
                     model = self.ctx.llm.model or self.ctx.llm.base_url
                     gate = "passed" if not failures else f"passed on the retry (first: {failures[0]})"
                     room = min(folded * 3 // 4, max(2 * target, estimate_tokens(verdict.summary) + target))
-                    return with_coverage(verdict.summary, fold, room), f"model ({model})", gate
+                    covered = await self._run(call, with_coverage, verdict.summary, fold, room)
+                    return covered, f"model ({model})", gate
                 failures.append(verdict.failed)
         except LLMUnavailable as exc:
             why = "the model endpoint was not available"
-            return fallback_summary(fold, target, why), f"fallback (extractive; {why}: {exc})", "-"
+            summary = await self._run(call, fallback_summary, fold, target, why)
+            return summary, f"fallback (extractive; {why}: {exc})", "-"
         rule = re.split(r":| \(", failures[-1])[0]  # the rule, without the summary's words it quotes
         why = f"the model's summary failed the gate twice: {rule}"
         gate = f"the model's summary failed twice ({'; '.join(failures)}): it may be too weak to summarize"
-        return fallback_summary(fold, target, why), f"fallback (extractive; {why})", gate
+        return await self._run(call, fallback_summary, fold, target, why), f"fallback (extractive; {why})", gate
 
     async def recall(self, args: Args, call: ToolCall) -> dict[str, Any]:
         text = args.str("query", "", max_len=2000) or ""
         max_tokens = args.int("max_tokens", self._budget(call.session_id), lo=50, hi=1_000_000)
-        session = await anyio.to_thread.run_sync(self._existing, args.raw["session_id"], call.namespace)
+        return await self._run(call, self._recall, args.raw["session_id"], call.namespace, text, max_tokens)
+
+    def _recall(self, session_id: Any, namespace: str, text: str, max_tokens: int) -> dict[str, Any]:
+        session = self._existing(session_id, namespace)
         active = session.active()
         query = Query.of(text)
         out: dict[str, Any] = {"session_id": session.id, "pinned": [], "matches": []}
@@ -348,7 +421,7 @@ class MemoryPlugin(Plugin):
             used += e.tokens
         found: list[Entry] = []
         if query:
-            hits = await anyio.to_thread.run_sync(self._recall_index(call.namespace).search, session, text, 200)
+            hits = self._recall_index(namespace).search(session, text, 200)
             position = {e.id: i for i, e in enumerate(active)}
             n = max(1, len(active) - 1)
             scored = sorted(

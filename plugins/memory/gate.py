@@ -97,10 +97,10 @@ def with_coverage(summary: str, folded: Sequence[Entry], room: int) -> str:
     left_out: list[Entry] = []
     used = estimate_tokens(summary) + 4
     for entry in folded:
-        missing = [t for t in fact_terms(entry.text, labels) if t not in summary]
-        if not missing:
+        facts = fact_terms(entry.text, labels)
+        if all(t in summary for t in facts):
             continue
-        lines = [f"- [{entry.id}] {ln}" for ln in fact_lines(entry, labels) if ln not in summary]
+        lines = [f"- [{entry.id}] {ln}" for ln in fact_lines(entry, labels, facts) if ln not in summary]
         cost = sum(estimate_tokens(ln) + 1 for ln in lines)
         if used + cost > room:
             left_out.append(entry)

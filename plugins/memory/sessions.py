@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 import threading
 import time
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +64,7 @@ class Session:
         self.id = session_id
         self.log = log
         self.entries: dict[str, Entry] = {}
+        self.chars = 0  # of every note's text held: what the session costs in memory
         self.offset = 0
         self.last_compaction: dict[str, Any] | None = None
 
@@ -80,6 +83,8 @@ class Session:
         kind = record.get("type")
         if kind == "entry" and isinstance(record.get("id"), str) and isinstance(record.get("text"), str):
             text = record["text"]
+            replaced = self.entries.get(record["id"])
+            self.chars += len(text) - (len(replaced.text) if replaced else 0)
             self.entries[record["id"]] = Entry(
                 id=record["id"],
                 text=text,
@@ -176,6 +181,59 @@ class Session:
         self.log.append(records)  # the summary and its patches: one write
         self.refresh()
         return self.entries[created[0]["id"]]
+
+
+class SessionCache:
+    """The sessions of one namespace held in memory, refreshed from their logs: the least recently used
+    is dropped past `count` sessions or `chars` characters of notes (a session larger than that is read
+    for each call and never held). A dropped session is read back whole from its log on its next use:
+    the log is the truth, so nothing is lost."""
+
+    def __init__(self, count: int = 32, chars: int = 16_000_000):
+        self.count, self.chars = count, chars
+        self._held: OrderedDict[str, Session] = OrderedDict()
+        self._dropped = 0  # characters of the sessions dropped since the last `settle`
+        self._lock = threading.Lock()  # calls on different sessions run in threads at once
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def held_chars(self) -> int:
+        with self._lock:
+            return sum(s.chars for s in self._held.values())
+
+    def get(self, session_id: str, make: Callable[[], Session]) -> Session:
+        """The session, brought up to its log. The caller holds the session's own lock: no other call
+        uses this session id meanwhile."""
+        with self._lock:
+            session = self._held.pop(session_id, None)
+        if session is None:
+            session = make()
+        session.refresh()
+        with self._lock:
+            self._held[session_id] = session  # the most recently used: last
+            self._evict()
+        return session
+
+    def settle(self) -> int:
+        """Drop what is over the caps now (a call's notes grow its session after `get`); the characters
+        dropped since the last settle: worth giving back to the system when large (a thread's heap keeps
+        freed pages)."""
+        with self._lock:
+            self._evict()
+            dropped, self._dropped = self._dropped, 0
+        return dropped
+
+    def _evict(self) -> None:
+        """Under the lock: a session over `chars` alone first (it is read per call), then the least recently
+        used while over either cap."""
+        for name in [n for n, s in self._held.items() if s.chars > self.chars]:
+            self._dropped += self._held.pop(name).chars
+        held = sum(s.chars for s in self._held.values())
+        while self._held and (len(self._held) > self.count or held > self.chars):
+            _, dropped = self._held.popitem(last=False)
+            held -= dropped.chars
+            self._dropped += dropped.chars
 
 
 class RecallIndex:

@@ -82,10 +82,11 @@ def fact_terms(text: str, labels: Collection[str] = ()) -> list[str]:
     return terms
 
 
-def fact_lines(entry: Entry, labels: Collection[str]) -> list[str]:
-    """The lines of a note that hold its facts, whole; its first line when it has none."""
+def fact_lines(entry: Entry, labels: Collection[str], facts: Sequence[str] | None = None) -> list[str]:
+    """The lines of a note that hold its facts (`fact_terms`, when already known), whole; its first line
+    when it has none."""
     lines = [ln.strip() for ln in entry.text.splitlines() if ln.strip()]
-    facts = fact_terms(entry.text, labels)
+    facts = fact_terms(entry.text, labels) if facts is None else facts
     kept = [ln for ln in lines if any(t in ln for t in facts)]
     return kept or lines[:1]
 
@@ -105,12 +106,20 @@ def _hook(terms: Sequence[str]) -> str:
     return max(terms, key=lambda t: (any(c.isalpha() for c in t), len(t)))
 
 
-def not_shown(left_out: Sequence[Entry], labels: Collection[str], room: int | None = None) -> str:
+def not_shown(
+    left_out: Sequence[Entry],
+    labels: Collection[str],
+    room: int | None = None,
+    ranked: Sequence[Sequence[str]] | None = None,
+) -> str:
     """The line naming the folded notes a summary has no room for: an identifier of each as written (what
-    to recall it by) while `room` tokens last, and how many hold no identifiers or numbers."""
+    to recall it by) while `room` tokens last, and how many hold no identifiers or numbers. `ranked`: each
+    note's `_ranked_terms`, when already known."""
     if not left_out:
         return ""
-    hooks = list(dict.fromkeys(_hook(terms) for e in left_out if (terms := _ranked_terms(e.text, labels))))
+    if ranked is None:
+        ranked = [_ranked_terms(fact_terms(e.text, labels)) for e in left_out]
+    hooks = list(dict.fromkeys(_hook(terms) for terms in ranked if terms))
     plain = len(left_out) - len(hooks)
 
     def line(shown: int) -> str:
@@ -119,15 +128,24 @@ def not_shown(left_out: Sequence[Entry], labels: Collection[str], room: int | No
             parts.append(f"{plain} note{'s' if plain > 1 else ''} without identifiers or numbers")
         return NOT_SHOWN + "; ".join(p for p in parts if p)
 
-    shown = len(hooks)
-    while room is not None and shown > 0 and estimate_tokens(line(shown)) > room:
-        shown -= 1
-    return line(shown)
+    if room is None or estimate_tokens(line(len(hooks))) <= room:
+        return line(len(hooks))
+    # the most hooks that fit: a line's cost grows with the hooks it names, so a binary search finds it
+    # in a few estimates (counting down one hook at a time re-estimated the whole line per hook)
+    fits, over = 0, len(hooks)
+    while over - fits > 1:
+        middle = (fits + over) // 2
+        if estimate_tokens(line(middle)) <= room:
+            fits = middle
+        else:
+            over = middle
+    return line(fits)
 
 
-def _ranked_terms(text: str, labels: Collection[str]) -> list[str]:
-    """The facts that rank a note: identifiers and numbers (a CJK word alone is no identifier)."""
-    return [t for t in fact_terms(text, labels) if not CJK_RUN.fullmatch(t)]
+def _ranked_terms(facts: Sequence[str]) -> list[str]:
+    """The facts that rank a note (of its `fact_terms`): identifiers and numbers (a CJK word alone is no
+    identifier)."""
+    return [t for t in facts if not CJK_RUN.fullmatch(t)]
 
 
 def fallback_summary(entries: Sequence[Entry], target_tokens: int, why: str) -> str:
@@ -135,19 +153,22 @@ def fallback_summary(entries: Sequence[Entry], target_tokens: int, why: str) -> 
     `target_tokens` and half of what the notes cost; the notes left out are named by what to recall them by."""
     labels = counter_labels(entries)
     rare = _rare_words(entries)
-    facts = [len(_ranked_terms(e.text, labels)) for e in entries]
+    terms = [fact_terms(e.text, labels) for e in entries]  # once per note: every step below reads them
+    hooks = [_ranked_terms(t) for t in terms]
+    facts = [len(h) for h in hooks]
     ranked = sorted(range(len(entries)), key=lambda i: (facts[i], rare[i], i), reverse=True)
     header = f"Summary of {len(entries)} earlier notes, extractive ({why})."
     room = min(target_tokens, sum(e.tokens for e in entries) // 2) - estimate_tokens(header) - 2
-    reserve = min(estimate_tokens(not_shown(entries, labels)), room // 3)  # for naming what does not fit
+    reserve = min(estimate_tokens(not_shown(entries, labels, ranked=hooks)), room // 3)  # for naming what does not fit
     chosen: dict[int, list[str]] = {}
     used = 0
     for i in ranked:
-        lines = fact_lines(entries[i], labels)
+        lines = fact_lines(entries[i], labels, terms[i])
         cost = sum(estimate_tokens(ln) + 1 for ln in lines)
         if used + cost <= room - reserve:
             chosen[i] = lines
             used += cost
     body = [f"- {line}" for i in sorted(chosen) for line in chosen[i]]
-    tail = not_shown([e for i, e in enumerate(entries) if i not in chosen], labels, room - used)
+    left = [i for i in range(len(entries)) if i not in chosen]
+    tail = not_shown([entries[i] for i in left], labels, room - used, [hooks[i] for i in left])
     return "\n".join([header, *body, *([tail] if tail else [])])

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from plugins.memory.sessions import AlreadyFolded, RecallIndex, Session
+from gateway.services.storage import Storage
+from plugins.memory.sessions import AlreadyFolded, RecallIndex, Session, SessionCache
 
 
 def _session(storage: Any, folder: Path, name: str = "s") -> Session:
@@ -47,3 +48,23 @@ def test_ids_follow_every_writer_and_recall_finds_korean_and_identifiers(tmp_pat
     first.refresh()
     assert {k for k, _ in index.search(first, "deploy Friday", 5)} == {"e00002", "e00003"}
     index.index.close()
+
+
+def test_the_cache_drops_the_least_recently_used_and_reads_them_back_whole(tmp_path: Path) -> None:
+    """At most `count` sessions and `chars` characters held; one larger than that is never held; a dropped
+    session comes back from its log with every note."""
+    logs = Storage().logs(tmp_path, "memory", "")
+    cache = SessionCache(count=2, chars=1_000)
+
+    def get(name: str) -> Session:
+        return cache.get(name, lambda: Session(name, logs.log(name)))
+
+    for name in ("a", "b", "c"):
+        get(name).append_entry(f"note of {name}", False)
+    get("b")  # b used last: a goes next
+    get("d").append_entry("x" * 2_000, False)  # over `chars` alone once written: not held past the call
+    assert cache.settle() >= 2_000 and cache.settle() == 0
+    assert len(cache) == 1 and cache.held_chars() <= 1_000
+    for name in ("a", "b", "c"):
+        assert [e.text for e in get(name).active()] == [f"note of {name}"]
+    assert get("a").append_entry("second", False).id == "e00002" and len(get("d").active()) == 1
