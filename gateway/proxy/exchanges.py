@@ -8,6 +8,11 @@ background, its question becomes the `input_required` answer to the host's call,
 (matched by `requestState`) carries the answer back to the waiting upstream, and the upstream's
 final result (or its next question) answers the retry.
 
+Every such call has an exchange, but only a round with a question out counts against the quotas
+(`MAX_PER_NAMESPACE` per token, `MAX_EXCHANGES` in all): over one, the oldest open round of the
+caller (or, over the quota of all, of the caller holding the most) is closed, and its call answers
+an error saying why, to the waiting host or to its retry.
+
 `requestState` is a random token naming an exchange held in memory: it reveals nothing, and a
 token that names no exchange of this namespace is refused. Its first part names the gateway process
 that holds the exchange (`REPLICA`), so a retry that a load balancer sent to another replica is told
