@@ -208,3 +208,46 @@ def http_request_in_flight(transport: Any) -> Any:
         transport._requests_in_flight -= 1
         if not transport._requests_in_flight:
             transport.idle_scope.deadline = anyio.current_time() + transport._idle_timeout
+
+
+def session_user(namespace: str) -> Any:
+    """The request user the SDK's session manager records as a new session's owner (and drops with the
+    session): a token's namespace as an authenticated principal."""
+    from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+    from mcp.server.auth.provider import AccessToken
+
+    return AuthenticatedUser(AccessToken(token="", client_id=namespace, scopes=[]))
+
+
+def http_session_owner(manager: Any, session_id: str) -> str | None:
+    """The namespace (`session_user`) that opened a live session-bound HTTP session; None when the
+    session is unknown or has no owner record (the session manager's table of owners is private)."""
+    if session_id not in getattr(manager, "_server_instances", {}):
+        return None
+    owner = getattr(manager, "_session_owners", {}).get(session_id)
+    return owner.get("client_id") if isinstance(owner, dict) else None
+
+
+def http_sessions(manager: Any) -> dict[str, Any]:
+    """The session manager's live session-bound sessions: id -> transport (private)."""
+    return getattr(manager, "_server_instances", {})
+
+
+def http_session_idle_since(transport: Any) -> float | None:
+    """When an idle session's countdown ends (its deadline: the smallest has been idle longest); None
+    while it is busy (a request in flight or its GET stream open) or ending."""
+    idle = getattr(transport, "idle_scope", None)
+    if transport.is_terminated or idle is None or idle.cancel_called or transport._requests_in_flight:
+        return None
+    return idle.deadline
+
+
+async def end_http_session(manager: Any, session_id: str) -> None:
+    """End a session as its idle timeout would: its message loop stops, and it is forgotten at once
+    (its id answers 404, and its host initializes a new one)."""
+    transport = getattr(manager, "_server_instances", {}).get(session_id)
+    if transport is None:
+        return
+    if transport.idle_scope is not None:
+        transport.idle_scope.cancel()
+    await manager._discard_session(session_id, transport)

@@ -308,6 +308,11 @@ class GatewaySettings(BaseModel):
     allowed_origins: list[str] = Field(
         default_factory=list, description="browser origins allowed beyond loopback (HTTP front)"
     )
+    max_sessions_per_token: int = Field(
+        1000,
+        ge=1,
+        description="open HTTP sessions one token may hold; over it, its session idle longest is closed",
+    )
     freeze_definitions: bool = Field(
         False, description="serve each tool's first definition; refuse calls to one that changed"
     )

@@ -239,10 +239,11 @@ async def tenant_session(url: str, token: str) -> AsyncIterator[ClientSession]:
         yield s
 
 
-def two_tenants(tmp_path: Path, servers: dict[str, Any], plugins: list[str]) -> tuple[list[str], int]:
-    """The command line of an HTTP gateway with two named tokens, alice and bob, and its port."""
+def two_tenants(tmp_path: Path, servers: dict[str, Any], plugins: list[str], **gateway: Any) -> tuple[list[str], int]:
+    """The command line of an HTTP gateway with two named tokens, alice and bob (and `[gateway]` keys),
+    and its port."""
     port = free_port()
-    cfg = write_config(tmp_path, servers, plugins=plugins)
+    cfg = write_config(tmp_path, servers, plugins=plugins, **gateway)
     cfg.write_text(
         cfg.read_text()
         + f'\n[[auth.tokens]]\nname = "alice"\ntoken = "{ALICE}"\n\n[[auth.tokens]]\nname = "bob"\ntoken = "{BOB}"\n'

@@ -8,6 +8,11 @@ background, its question becomes the `input_required` answer to the host's call,
 (matched by `requestState`) carries the answer back to the waiting upstream, and the upstream's
 final result (or its next question) answers the retry.
 
+Every such call has an exchange, but only a round with a question out counts against the quotas
+(`MAX_PER_NAMESPACE` per token, `MAX_EXCHANGES` in all): over one, the oldest open round of the
+caller (or, over the quota of all, of the caller holding the most) is closed, and its call answers
+an error saying why, to the waiting host or to its retry.
+
 `requestState` is a random token naming an exchange held in memory: it reveals nothing, and a
 token that names no exchange of this namespace is refused. Its first part names the gateway process
 that holds the exchange (`REPLICA`), so a retry that a load balancer sent to another replica is told
@@ -19,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+from collections import Counter
 from typing import Any
 
 import anyio
@@ -27,8 +33,8 @@ from pydantic import BaseModel, ValidationError
 
 ANSWER_WAIT = 600.0  # how long a question waits for the host's retry; then the upstream hears "decline"
 KEEP_FINISHED = 60.0  # a result nobody came back for is dropped after this
-MAX_PER_NAMESPACE = 64  # open rounds one namespace (one token's callers) may hold
-MAX_EXCHANGES = 1024  # and all of them
+MAX_PER_NAMESPACE = 64  # open rounds (a question out, its answer awaited) one namespace may hold
+MAX_EXCHANGES = 1024  # and all of them (calls merely in flight are not rounds: never counted)
 REPLICA = secrets.token_hex(4)  # this process, as the first part of every requestState it issues
 
 RESPONSE_TYPES: dict[str, type[BaseModel]] = {
@@ -43,9 +49,11 @@ Outcome = types.CallToolResult | types.InputRequiredResult
 class Exchange:
     """One host call that an upstream may interrupt with questions."""
 
-    def __init__(self, namespace: str):
+    def __init__(self, namespace: str, rounds: Exchanges | None = None):
         self.token = f"{REPLICA}.{secrets.token_urlsafe(18)}"
         self.namespace = namespace
+        self._rounds = rounds  # where a question opens a round (within the quotas)
+        self.evicted: str | None = None  # why its round was closed by the quota (the call answers that)
         # an asyncio queue, not an anyio memory stream: made and passed through once per 2026-era call
         # (the gateway runs on asyncio); one exchange's whole round took 30-36 us with the stream, 14-15 now
         self._outcomes: asyncio.Queue[Outcome] = asyncio.Queue(8)
@@ -68,11 +76,17 @@ class Exchange:
         self._count += 1
         key = f"q{self._count}"
         answered = anyio.Event()
+        if self._rounds is not None:
+            self._rounds.opened(self)
         self._asked[key] = (request.method, answered)
-        await self._outcomes.put(types.InputRequiredResult(input_requests={key: request}, request_state=self.token))
-        with anyio.move_on_after(ANSWER_WAIT):
-            await answered.wait()
-        self._asked.pop(key, None)
+        try:
+            await self._outcomes.put(types.InputRequiredResult(input_requests={key: request}, request_state=self.token))
+            with anyio.move_on_after(ANSWER_WAIT):
+                await answered.wait()
+        finally:
+            self._asked.pop(key, None)
+            if self._rounds is not None and not self._asked:
+                self._rounds.closed(self)
         return self._answers.pop(key, None)
 
     def answer(self, responses: dict[str, Any] | None) -> str | None:
@@ -106,22 +120,37 @@ class Exchanges:
 
     def __init__(self) -> None:
         self.open: dict[str, Exchange] = {}
+        self.rounds: dict[str, Exchange] = {}  # those with a question out, oldest first (the quotas count these)
 
     def new(self, namespace: str) -> Exchange:
+        """Every 2026-era call's exchange; only its questions count against the quotas (`opened`)."""
         now = time.monotonic()
         for token, ex in list(self.open.items()):  # results nobody came back for
             if ex.finished_at is not None and now - ex.finished_at > KEEP_FINISHED:
                 del self.open[token]
-        # a quota per namespace: one caller's open rounds never evict another's; the oldest of its own
-        # goes, and its upstream call with it (cancelled, not left running)
-        own = [t for t, ex in self.open.items() if ex.namespace == namespace]
-        for token in own[: max(0, len(own) - MAX_PER_NAMESPACE + 1)]:
-            self._evict(token)
-        while len(self.open) >= MAX_EXCHANGES:
-            self._evict(next(iter(self.open)))
-        exchange = Exchange(namespace)
+        exchange = Exchange(namespace, self)
         self.open[exchange.token] = exchange
         return exchange
+
+    def opened(self, exchange: Exchange) -> None:
+        """A question goes out: a round opens. Over a quota the oldest open round goes (its upstream call
+        is cancelled, and the call answers an error): the namespace's own, or at the quota of all, one of
+        the namespace holding the most; another caller's rounds are never the price of this one."""
+        if exchange.token in self.rounds:
+            return
+        own = [ex for ex in self.rounds.values() if ex.namespace == exchange.namespace]
+        for ex in own[: max(0, len(own) - MAX_PER_NAMESPACE + 1)]:
+            self._evict(ex, f"{MAX_PER_NAMESPACE} questions of this caller were open (the most one token may hold)")
+        while len(self.rounds) >= MAX_EXCHANGES:
+            held = Counter(ex.namespace for ex in self.rounds.values())
+            most = max(held, key=lambda ns: (held[ns], ns == exchange.namespace))
+            oldest = next(ex for ex in self.rounds.values() if ex.namespace == most)
+            self._evict(oldest, f"{MAX_EXCHANGES} questions were open in all, this caller's the most")
+        self.rounds[exchange.token] = exchange
+
+    def closed(self, exchange: Exchange) -> None:
+        """Its questions are answered (or given up): the round no longer counts."""
+        self.rounds.pop(exchange.token, None)
 
     def find(self, token: str, namespace: str) -> Exchange | None:
         exchange = self.open.get(token)
@@ -129,6 +158,7 @@ class Exchanges:
 
     def close(self, exchange: Exchange) -> None:
         self.open.pop(exchange.token, None)
+        self.rounds.pop(exchange.token, None)
 
     @staticmethod
     def elsewhere(token: str) -> bool:
@@ -137,6 +167,9 @@ class Exchanges:
         replica, dot, _ = token.partition(".")
         return bool(dot) and replica != REPLICA
 
-    def _evict(self, token: str) -> None:
-        exchange = self.open.pop(token)
-        exchange.scope.cancel()  # its upstream call hears a cancel
+    def _evict(self, exchange: Exchange, why: str) -> None:
+        """Close a round: its upstream call hears a cancel, and the call answers `why` (the exchange
+        stays findable until then, so the host's retry gets that answer, not "expired")."""
+        self.rounds.pop(exchange.token, None)
+        exchange.evicted = f"This call was ended before its answer came: {why}. Call the tool again."
+        exchange.scope.cancel()

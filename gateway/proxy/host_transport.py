@@ -4,11 +4,11 @@ Origin/Host checks), and stop every upstream on a signal."""
 from __future__ import annotations
 
 import hmac
+import json
 import logging
 import os
 import signal
 import sys
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -16,9 +16,10 @@ import anyio
 from mcp.server.stdio import stdio_server
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 import gateway.compat as compat
-from gateway.proxy.host_sessions import NAMESPACE_SCOPE_KEY
+from gateway.proxy.host_sessions import NAMESPACE_SCOPE_KEY, scope_namespace
 from gateway.proxy.host_stdio import pipe_stdio_server
 from gateway.proxy.lean_http import LeanHttpFront
 from gateway.proxy.metrics import MetricsEndpoint
@@ -97,16 +98,50 @@ def security_settings(host: str, port: int, extra_origins: list[str] | None = No
     return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins)
 
 
+# the headers a check reads: each must mean the same to every check, and Starlette and the SDK read the first of
+# several copies where a plain dict reads the last
+SINGLE_HEADERS = (b"authorization", b"mcp-session-id", b"mcp-protocol-version", b"host", b"origin")
+SESSION_NOT_FOUND = b'{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"Session not found"}}'
+SESSIONS_IN_ALL = 10_000  # open session-bound HTTP sessions, every token's together (the SDK's own default cap)
+
+
+class OneReading:
+    """ASGI: a request carrying one of `SINGLE_HEADERS` more than once is refused before any check reads
+    it (the bearer check would read one copy and the SDK's session routing another)."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            seen: set[bytes] = set()
+            for key, _ in scope.get("headers") or []:
+                key = key.lower()
+                if key in SINGLE_HEADERS:
+                    if key in seen:
+                        name = key.decode("latin-1")
+                        body = f'{{"error": "the {name} header is given more than once: send it once"}}'
+                        await _answer(send, 400, body.encode())
+                        return
+                    seen.add(key)
+        await self.app(scope, receive, send)
+
+
 class BearerAuth:
     """ASGI wrapper: every HTTP request must carry `Authorization: Bearer <token>` of a known token. The
-    token's name (its namespace; "" for `auth_token`) goes into the request scope for the tools."""
+    token's name (its namespace; "" for `auth_token`) goes into the request scope for the tools.
 
-    def __init__(self, app: Any, tokens: dict[str, str]):
+    Each MCP session belongs to the token that opened it, for as long as it lives: the token's name is
+    given to the SDK's session manager as the request's user, which records it with the session and
+    drops it when the session ends (closed, expired, reclaimed). A request naming a session that has
+    no owner record, or another token's (a leaked or guessed `mcp-session-id`), is answered as for an
+    unknown session, before the lean path or the SDK serves it."""
+
+    def __init__(self, app: Any, tokens: dict[str, str], manager: StreamableHTTPSessionManager | None = None):
         self.app = app
         self.expected = [(f"Bearer {token}".encode(), name) for token, name in tokens.items()]
-        # each MCP session belongs to the token that opened it: another token's request on it (a leaked
-        # or guessed `mcp-session-id`) is answered as for an unknown session
-        self.owners: OrderedDict[bytes, str] = OrderedDict()
+        self.manager = manager  # None: no sessions behind this app (/metrics)
+        self.users = {name: compat.session_user(name) for name in tokens.values()}
 
     def _namespace(self, given: bytes) -> str | None:
         found = None
@@ -117,36 +152,132 @@ class BearerAuth:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http":
-            headers = dict(scope.get("headers") or [])
-            given = headers.get(b"authorization", b"")
-            namespace = self._namespace(given)
+            headers = dict(scope.get("headers") or [])  # one copy of each header read here (`OneReading`)
+            namespace = self._namespace(headers.get(b"authorization", b""))
             scope[NAMESPACE_SCOPE_KEY] = namespace or ""
             if namespace is None:
                 body = b'{"error": "missing or wrong bearer token (Authorization: Bearer <auth_token>)"}'
                 await _answer(send, 401, body, [(b"www-authenticate", b"Bearer")])
                 return
+            scope["user"] = self.users[namespace]
             session = headers.get(b"mcp-session-id")
-            if session is not None and self.owners.get(session, namespace) != namespace:
-                await _answer(send, 404, b'{"error": "session not found"}')
-                return
-            if session is None:  # a new session: it is this token's
-                send = self._binding(send, namespace)
+            if session is not None and self.manager is not None:
+                owner = compat.http_session_owner(self.manager, session.decode("latin-1"))
+                if owner != namespace:
+                    await _answer(send, 404, SESSION_NOT_FOUND)  # the SDK's own answer: no session told apart
+                    return
         await self.app(scope, receive, send)
 
-    def _binding(self, send: Any, namespace: str) -> Any:
+
+class SessionShares:
+    """ASGI: each token (namespace) holds at most `share` of the session-bound HTTP sessions, and all of
+    them at most `total`, so one token opening sessions never keeps another from opening one.
+
+    Over its share a token's own session that has been idle longest is reclaimed, as its idle timeout
+    would end it (its host gets 404 and initializes anew): hosts that never end their sessions (a
+    restart, a crash) would otherwise lock their own token out for the idle timeout. A busy session (a
+    request in flight, its GET stream open: a host still there) is never reclaimed: when every one of
+    the token's sessions is busy, the new one is refused with 429 naming the share. At `total`, the
+    idle session of the token holding the most goes."""
+
+    def __init__(self, app: Any, manager: StreamableHTTPSessionManager, share: int, total: int = SESSIONS_IN_ALL):
+        self.app = app
+        self.manager = manager
+        self.share, self.total = share, total
+        self.held: dict[str, dict[str, None]] = {}  # namespace -> its session ids, oldest first (ended ones pruned)
+        self.opening: dict[str, int] = {}  # namespace -> its requests that may open a session, under way
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not _opens_session(scope):
+            await self.app(scope, receive, send)
+            return
+        namespace = scope_namespace(scope)
+        refusal = await self._make_room(namespace)
+        if refusal is not None:
+            status, message = refusal
+            log.warning("refused a new HTTP session: %s", message)
+            body = json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": -32603, "message": message}})
+            await _answer(send, status, body.encode())
+            return
+        self.opening[namespace] = self.opening.get(namespace, 0) + 1
+        counted = True
+
+        def settle() -> None:
+            nonlocal counted
+            if counted:
+                counted = False
+                self.opening[namespace] -= 1
+
         async def bind(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 for key, value in message.get("headers") or []:
                     if key.lower() == b"mcp-session-id":
-                        self.owners[value] = namespace
-                        while len(self.owners) > MAX_SESSIONS:
-                            self.owners.popitem(last=False)
+                        self.held.setdefault(namespace, {})[value.decode("latin-1")] = None
+                settle()
             await send(message)
 
-        return bind
+        try:
+            await self.app(scope, receive, bind)
+        finally:
+            settle()
+
+    def _live(self, namespace: str) -> dict[str, None]:
+        """The namespace's open sessions (the ones that ended are forgotten here)."""
+        live = compat.http_sessions(self.manager)
+        held = self.held.get(namespace, {})
+        for sid in [sid for sid in held if sid not in live]:
+            del held[sid]
+        return held
+
+    async def _make_room(self, namespace: str) -> tuple[int, str] | None:
+        """Room for one more session of `namespace`, reclaiming an idle one if need be; else why not."""
+        # a loop: other requests may open sessions while one is being ended
+        while len(self._live(namespace)) + self.opening.get(namespace, 0) >= self.share:
+            if not await self._reclaim(namespace):
+                who = f"token {namespace!r}" if namespace else "this gateway's local user"
+                return 429, (
+                    f"Too many open sessions: {who} holds its share of {self.share} (max_sessions_per_token), "
+                    "every one busy; end one (DELETE) or try again when one is idle"
+                )
+        while len(compat.http_sessions(self.manager)) + sum(self.opening.values()) >= self.total:
+            if not await self._reclaim_any(sorted(self.held, key=lambda ns: len(self._live(ns)), reverse=True)):
+                return 503, f"Too many open sessions: all {self.total} are busy; try again later"
+        return None
+
+    async def _reclaim_any(self, namespaces: list[str]) -> bool:
+        """An idle session of the first of `namespaces` that has one, ended; False when none has."""
+        for namespace in namespaces:
+            if await self._reclaim(namespace):
+                return True
+        return False
+
+    async def _reclaim(self, namespace: str) -> bool:
+        """End the namespace's session idle longest; False when each of its sessions is busy."""
+        live = compat.http_sessions(self.manager)
+        idle = [
+            (since, sid)
+            for sid in self._live(namespace)
+            if (since := compat.http_session_idle_since(live[sid])) is not None
+        ]
+        if not idle:
+            return False
+        _, sid = min(idle)
+        log.info("session %s of %s reclaimed to make room for a new one", sid, namespace or "the local user")
+        del self.held[namespace][sid]
+        await compat.end_http_session(self.manager, sid)
+        return True
 
 
-MAX_SESSIONS = 100_000  # owners remembered (the session manager ends idle sessions after 30 minutes)
+def _opens_session(scope: dict[str, Any]) -> bool:
+    """A request the SDK's session manager answers by opening a session: no session id, and not of the
+    2026 era (sessionless)."""
+    version = None
+    for key, value in scope.get("headers") or []:
+        if key == b"mcp-session-id":
+            return False
+        if key == b"mcp-protocol-version":
+            version = value.decode("latin-1")
+    return version is None or version in HANDSHAKE_PROTOCOL_VERSIONS
 
 
 async def _answer(send: Any, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
@@ -167,6 +298,7 @@ def build_http_app(gateway: Gateway) -> tuple[Any, StreamableHTTPSessionManager]
         security_settings=security,
         session_idle_timeout=1800,
         max_request_body_size=16 * 1024 * 1024,
+        max_sessions=None,  # `SessionShares` caps them, per token and in all
     )
     endpoint: Any = StreamableHTTPASGIApp(manager)
     if cfg.lean_path:  # plain calls answered beside the SDK, both eras (proxy/lean_http.py)
@@ -175,6 +307,7 @@ def build_http_app(gateway: Gateway) -> tuple[Any, StreamableHTTPSessionManager]
         endpoint = LeanHttpFront(
             endpoint, manager, security, gateway.host_of, lean.run, lean.run_modern, schema, lean.server_info
         )
+    endpoint = SessionShares(endpoint, manager, cfg.max_sessions_per_token)
     tokens = {t.token: t.name for t in gateway.settings.auth.all_tokens()}
     if cfg.auth_token:
         tokens[cfg.auth_token] = ""
@@ -182,12 +315,12 @@ def build_http_app(gateway: Gateway) -> tuple[Any, StreamableHTTPSessionManager]
         gateway.stats, lambda: {name: up.state for name, up in gateway.upstreams.items()}, security
     )
     if tokens:
-        endpoint = BearerAuth(endpoint, tokens)
+        endpoint = BearerAuth(endpoint, tokens, manager)
         metrics = BearerAuth(metrics, tokens)
     app = Starlette(
         routes=[
-            Route("/mcp", endpoint=endpoint, methods=["GET", "POST", "DELETE"]),
-            Route("/metrics", endpoint=metrics, methods=["GET"]),
+            Route("/mcp", endpoint=OneReading(endpoint), methods=["GET", "POST", "DELETE"]),
+            Route("/metrics", endpoint=OneReading(metrics), methods=["GET"]),
         ]
     )
     return app, manager

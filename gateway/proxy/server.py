@@ -527,6 +527,8 @@ class Gateway:
     async def _run_exchange(self, exchange: Exchange, call: ToolCall) -> None:
         with exchange.scope:
             await exchange.finish(await self._guarded_call(call))
+        if exchange.evicted is not None and exchange.finished_at is None:  # closed by the quota: still answered
+            await exchange.finish(error_result(exchange.evicted))
 
     async def _next(self, exchange: Exchange, call: ToolCall) -> Any:
         """The call's next question (the exchange stays open) or its result, through the pipeline."""
@@ -562,7 +564,9 @@ class Gateway:
                 types.INVALID_PARAMS,
                 "this requestState is being answered by another retry already; wait for its result",
             )
-        if problem := exchange.answer(params.input_responses):
+        # a round closed by the quota (or a call that finished meanwhile) asks nothing: its outcome answers
+        asks = exchange.evicted is None and exchange.finished_at is None
+        if asks and (problem := exchange.answer(params.input_responses)):
             raise MCPError(types.INVALID_PARAMS, f"{params.name}: {problem}")
         return await self._next(exchange, exchange.call)
 

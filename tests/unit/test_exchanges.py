@@ -56,12 +56,33 @@ async def test_results_nobody_came_back_for_are_dropped() -> None:
 
 
 async def test_one_namespace_cannot_evict_another_and_an_evicted_round_is_cancelled() -> None:
-    """alice opens more rounds than her quota: her oldest go, each with its upstream call cancelled;
-    bob's one open round stays."""
+    """alice opens more rounds (questions out) than her quota: her oldest go, each with its upstream call
+    cancelled and a reason to answer with; bob's one open round stays."""
     registry = Exchanges()
     bobs = registry.new("bob")
+    registry.opened(bobs)
     alices = [registry.new("alice") for _ in range(exchanges.MAX_PER_NAMESPACE + 10)]
+    for ex in alices:
+        registry.opened(ex)
     assert registry.find(bobs.token, "bob") is bobs and not bobs.scope.cancel_called
-    assert all(ex.scope.cancel_called for ex in alices[:10])
+    assert all(ex.scope.cancel_called and "64 questions" in (ex.evicted or "") for ex in alices[:10])
     assert not any(ex.scope.cancel_called for ex in alices[10:])
-    assert sum(ex.namespace == "alice" for ex in registry.open.values()) == exchanges.MAX_PER_NAMESPACE
+    assert sum(ex.namespace == "alice" for ex in registry.rounds.values()) == exchanges.MAX_PER_NAMESPACE
+
+
+async def test_calls_in_flight_are_not_rounds() -> None:
+    """A caller's calls that asked nothing never count against the quota of open rounds."""
+    registry = Exchanges()
+    calls = [registry.new("alice") for _ in range(exchanges.MAX_EXCHANGES + 10)]
+    assert not any(ex.scope.cancel_called for ex in calls) and len(registry.open) == len(calls)
+
+
+async def test_at_the_quota_of_all_the_biggest_holder_pays(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(exchanges, "MAX_EXCHANGES", 4)
+    registry = Exchanges()
+    bobs, *alices = [registry.new(ns) for ns in ("bob", "alice", "alice", "alice")]
+    for ex in [bobs, *alices]:
+        registry.opened(ex)
+    carol = registry.new("carol")
+    registry.opened(carol)
+    assert alices[0].evicted and not bobs.evicted and not carol.evicted
