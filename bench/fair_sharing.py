@@ -77,7 +77,8 @@ async def measure(url: str, pid: int, notes: int, idle_calls: int) -> None:
     )
     print(
         f"\nalice: {heavy.answered} calls answered, {heavy.busy} told to wait (over her share), "
-        f"{len(heavy.failures)} failed; sessions {heavy.sessions_opened} opened, {heavy.sessions_refused} refused"
+        f"{len(heavy.failures)} failed; sessions {heavy.sessions_opened} opened, {heavy.sessions_refused} refused; "
+        f"her first flood session then answers {heavy.first_flood_session_status}"
     )
     for failure in (loaded.failures + heavy.failures)[:5]:
         print("  failure:", failure)

@@ -6,7 +6,7 @@ Used by `tests/test_fair_sharing.py` (the other tenant's calls all answer in tim
 The gateway fronts the probe server (a real SDK server over stdio) with every plugin on and two named
 tokens, alice and bob. Alice's set: 40 SQL queries on her 25 MB result at once, two recursive JSONPath
 slices of it, the compaction of a 1,500-note session, a recall over 40 notes of 100,000 characters,
-then a flood of sessions past her share. Bob meanwhile: an upstream echo, a note, the outline of his
+then a flood of sessions past her share (her oldest idle ones are reclaimed). Bob meanwhile: an upstream echo, a note, the outline of his
 own small result, one after another.
 """
 
@@ -45,7 +45,7 @@ def gateway_command(tmp_path: Path, python: str, share: bool = True) -> tuple[li
         tmp_path,
         {"p": probe("p")},
         plugins=["offload", "memory", "documents", "monitor"],
-        sessions_per_token=SESSIONS_PER_TOKEN if share else None,
+        max_sessions_per_token=SESSIONS_PER_TOKEN if share else None,
     )
     cfg.write_text(
         cfg.read_text()
@@ -120,6 +120,7 @@ class Heavy:
     failures: list[str] = field(default_factory=list)
     sessions_opened: int = 0
     sessions_refused: int = 0
+    first_flood_session_status: int = 0  # what alice's first flood session answers after the flood
     steps: list[tuple[str, float]] = field(default_factory=list)
 
 
@@ -192,13 +193,20 @@ async def heavy_work(url: str, heavy: Heavy, notes: int = 1_500, flood: int = SE
 
 async def session_flood(url: str, token: str, count: int, heavy: Heavy) -> None:
     """`count` sessions opened and left open (no DELETE), as a careless or hostile host does."""
+    auth = {"authorization": f"Bearer {token}"}
+    first = ""
     async with httpx2.AsyncClient(timeout=httpx2.Timeout(30)) as http:
         for _ in range(count):
-            answer = await http.post(url, json=INIT, headers=HEADERS | {"authorization": f"Bearer {token}"})
+            answer = await http.post(url, json=INIT, headers=HEADERS | auth)
             if answer.status_code == 200:
                 heavy.sessions_opened += 1
+                first = first or answer.headers.get("mcp-session-id", "")
             else:
                 heavy.sessions_refused += 1
+        if first:  # past her share, her oldest idle session was reclaimed (its host would open a new one)
+            ping = {"jsonrpc": "2.0", "id": 2, "method": "ping"}
+            again = await http.post(url, json=ping, headers=HEADERS | auth | {"mcp-session-id": first})
+            heavy.first_flood_session_status = again.status_code
 
 
 def rss(pid: int) -> tuple[int, int]:
