@@ -19,7 +19,7 @@ from gateway.args import Args, ToolInputError
 from gateway.services.responses import ResponseStore, id_of, saved_kind
 from gateway.services.text import human_size
 from plugins.offload.fit import cost, fit, longest_prefix, take_within
-from plugins.offload.json_file import BrokenJSON, is_small
+from plugins.offload.json_file import SMALL_FILE, BrokenJSON, is_small
 from plugins.offload.paths import format_path, parse_path
 from plugins.offload.tables import MAIN, Table, sql_name
 
@@ -43,8 +43,8 @@ class Explorer:
     """The four handlers over one responses store; `budget` is the answer budget in tokens for the host
     connection that asked (its window decides it)."""
 
-    def __init__(self, store: ResponseStore):
-        self.store = store
+    def __init__(self, store: ResponseStore, namespace: str = ""):
+        self.store, self.namespace = store, namespace  # the namespace: whose share of worker processes
 
     def _file(self, args: Args) -> Path:
         return self.store.resolve(args.str("path", required=True))
@@ -93,7 +93,7 @@ class Explorer:
     def _catalog(self, path: Path, kind: str) -> tuple[list[Table], list[str]]:
         """The result's tables, or none and why (the outline still answers)."""
         try:
-            return query.build(path, kind), []
+            return query.build(path, kind, self.namespace), []
         except Exception as exc:
             return [], [f"no tables: {str(exc).splitlines()[0][:160]}"]
 
@@ -141,51 +141,23 @@ class Explorer:
                 "response_slice: json_path works on JSON results; this one is text, use "
                 "start_line/end_line or response_search"
             )
-        steps, remainder = parse_path(json_path)
-        count = json_values.large_array(path, steps)
-        stream = json_values.stream_matches(path, steps, remainder) if count is not None else None
-        if stream is not None:  # a large array: take what fits, never load it whole
-            return self._bounded_slice(path, json_path, steps, remainder, stream, count, budget)
-        value, steps = json_values.resolve(path, json_path)
-        nxt, prev = (None, None)
-        if remainder is None:
-            nxt, prev = json_values.neighbours(path, steps)
-        shown, cut = fit(value, budget)
-        if remainder is not None:  # a wildcard or filter: its matches, counted
-            # fit ends a cut list with its "…(+N more items)" marker: the answer counts instead
-            marker = f"…(+{len(value) - len(shown) + 1} more items)"
-            matches = shown[:-1] if cut and shown and shown[-1] == marker else shown
-            return self._matches_answer(path, json_path, steps, matches, len(value), budget)
-        return _slice_answer(json_path, steps, remainder, shown, cut, _deeper(steps, value), budget, nxt, prev)
+        if path.stat().st_size <= SMALL_FILE:  # parsed whole and cached here anyway: no process to start
+            answer = json_slice(path, json_path, budget)
+        else:  # a path over a large file (`..*`) can build many times its size: a worker's memory, not ours
+            answer = query.json_path_in_worker(path, json_path, budget, self.namespace)
+        if (more := answer.pop(MORE, None)) is not None:
+            answer["note"] = self._rest_of_matches(path, more["path"], answer["shown"], answer["total"], budget)
+        return answer
 
-    def _matches_answer(
-        self, path: Path, json_path: str, steps: list[Any], shown: list[Any], total: int, budget: int
-    ) -> dict[str, Any]:
-        """What a wildcard or filter selected: the matches that fit, how many there are, and a next step
-        that reaches the rest."""
-        out: dict[str, Any] = {"json_path": json_path, "value": shown, "shown": len(shown), "total": total}
-        if len(shown) < total:
-            where = format_path(steps)
-            table = next((t for t in self._catalog(path, "json")[0] if t.source == where), None)
-            step = (
-                f"response_query(path='{id_of(path)}', sql='SELECT * FROM {sql_name(table.name)} LIMIT 100 OFFSET {len(shown)}')"
-                if table is not None
-                else f"response_compress(path='{id_of(path)}', mode='select_keys', json_path={where!r}, keys=[...])"
-            )
-            out["note"] = f"{len(shown)} of {total} matches shown (token budget {budget}); the rest: {step}"
-        return out
-
-    def _bounded_slice(
-        self, path: Path, json_path: str, steps: list[Any], remainder: str | None, stream: Any, count: int, budget: int
-    ) -> dict[str, Any]:
-        shown, read, unread = take_within(stream, budget - SLICE_FRAME)
-        more = unread or len(read) > len(shown)
-        if remainder is not None:
-            total = len(read) + (sum(1 for _ in stream) if unread else 0)
-            return self._matches_answer(path, json_path, steps, shown, total, budget)
-        if more:
-            shown.append(f"…(+{count - len(shown)} more items)")
-        return _slice_answer(json_path, steps, remainder, shown, more, format_path([*steps, 0]), budget)
+    def _rest_of_matches(self, path: Path, where: str, shown: int, total: int, budget: int) -> str:
+        """The note of a wildcard's answer cut to the budget: a next step that reaches the rest."""
+        table = next((t for t in self._catalog(path, "json")[0] if t.source == where), None)
+        step = (
+            f"response_query(path='{id_of(path)}', sql='SELECT * FROM {sql_name(table.name)} LIMIT 100 OFFSET {shown}')"
+            if table is not None
+            else f"response_compress(path='{id_of(path)}', mode='select_keys', json_path={where!r}, keys=[...])"
+        )
+        return f"{shown} of {total} matches shown (token budget {budget}); the rest: {step}"
 
     def search(self, args: Args, budget: int) -> dict[str, Any]:
         path = self._file(args)
@@ -256,7 +228,7 @@ class Explorer:
         if kind == "binary":
             self._refuse_binary(path, "response_query")
         try:
-            with query.execute(path, kind, sql) as (columns, rows):
+            with query.execute(path, kind, sql, self.namespace) as (columns, rows):
                 room = max_tokens - cost(columns) - ROWS_FRAME
                 first, rest = itertools.tee(rows)
                 shown, read, unread = take_within(first, room)
@@ -362,6 +334,45 @@ class Explorer:
             "hint": "still too large for the context, so it was saved as a new file: narrow json_path "
             "(e.g. one array), lower array_head, or use select_keys; or outline the new file",
         }
+
+
+MORE = "__more__"  # in json_slice's answer: matches were left out (the caller names the next step)
+
+
+def json_slice(path: Path, json_path: str, budget: int) -> dict[str, Any]:
+    """response_slice's answer for a JSONPath (run in the gateway for small files, in a worker process for
+    large ones): the value or the matches that fit `budget`. A cut list of matches carries MORE, for the
+    caller to add the next step (it knows the result's tables)."""
+    steps, remainder = parse_path(json_path)
+    count = json_values.large_array(path, steps)
+    stream = json_values.stream_matches(path, steps, remainder) if count is not None else None
+    if stream is not None:  # a large array: take what fits, never load it whole
+        shown, read, unread = take_within(stream, budget - SLICE_FRAME)
+        more = unread or len(read) > len(shown)
+        if remainder is not None:
+            total = len(read) + (sum(1 for _ in stream) if unread else 0)
+            return _matches(json_path, steps, shown, total)
+        if more:
+            shown.append(f"…(+{count - len(shown)} more items)")
+        return _slice_answer(json_path, steps, remainder, shown, more, format_path([*steps, 0]), budget)
+    value, steps = json_values.resolve(path, json_path)
+    nxt, prev = (None, None)
+    if remainder is None:
+        nxt, prev = json_values.neighbours(path, steps)
+    shown, cut = fit(value, budget)
+    if remainder is not None:  # a wildcard or filter: its matches, counted
+        # fit ends a cut list with its "…(+N more items)" marker: the answer counts instead
+        marker = f"…(+{len(value) - len(shown) + 1} more items)"
+        return _matches(json_path, steps, shown[:-1] if cut and shown and shown[-1] == marker else shown, len(value))
+    return _slice_answer(json_path, steps, remainder, shown, cut, _deeper(steps, value), budget, nxt, prev)
+
+
+def _matches(json_path: str, steps: list[Any], shown: list[Any], total: int) -> dict[str, Any]:
+    """What a wildcard or filter selected: the matches that fit and how many there are."""
+    out: dict[str, Any] = {"json_path": json_path, "value": shown, "shown": len(shown), "total": total}
+    if len(shown) < total:
+        out[MORE] = {"path": format_path(steps)}
+    return out
 
 
 def _unique_names(columns: list[str]) -> list[str]:
