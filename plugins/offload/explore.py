@@ -3,6 +3,8 @@ to the token budget."""
 
 from __future__ import annotations
 
+import csv
+import io
 import itertools
 import json
 import re
@@ -28,6 +30,7 @@ LINES_FRAME = 70  # start/end/total, next/prev, a note
 SLICE_FRAME = 90  # json_path, shown/total or the marker, a note with a next step
 ROWS_FRAME = 20  # columns' frame, row_count
 ROWS_NOTE = 110  # the note and the fileRef of a cut answer
+SAVED_BYTES = 64 * 1024 * 1024  # what a saved answer may take on disk
 _NOTED_COLUMN = re.compile(r'column "((?:[^"]|"")*)"')
 MODES = ("first_of_array", "sample_array", "truncate_strings", "keys_only", "select_keys")
 
@@ -236,7 +239,7 @@ class Explorer:
                     shown = shown[: longest_prefix(len(shown), lambda n: cost(shown[:n]), room - ROWS_NOTE)]
                     answer = self._rows_saved(columns, shown, rest, max_tokens)
                     if rows.capped:  # the answer is larger than a reply may read back
-                        answer["row_count"] = f"more than {answer['row_count']}"
+                        answer["row_count"] = f"more than {answer['fileRef']['rows']}"
                         answer["note"] = (
                             f"the answer is larger than {human_size(query.ANSWER_BYTES)}: its first "
                             f"{answer['fileRef']['rows']} rows are in the fileRef; narrow it (WHERE, aggregate, "
@@ -262,24 +265,36 @@ class Explorer:
         ]
 
     def _rows_saved(self, columns: list[str], shown: list[Any], every_row: Any, max_tokens: int) -> dict[str, Any]:
-        """Rows beyond the budget: every row of the answer saved as a new result (an array of records,
-        so response_query on it has them as `items`), counted while it is written."""
-        names = _unique_names(columns)
-        total = 0
+        """Rows beyond the budget: every row of the answer saved as a new result, as CSV (the column names
+        once, a `row` number first), which response_query reads back as the typed table `items`. Counted
+        while it is written, and cut at SAVED_BYTES."""
+        names = _unique_names(["row", *columns])
+        total, cut = 0, False
 
         def chunks() -> Any:
-            nonlocal total
-            yield "["
+            nonlocal total, cut
+            buffer = io.StringIO()
+            writer = csv.writer(buffer, lineterminator="\n")
+            writer.writerow(names)
+            written = 0
             for row in every_row:
-                yield ("," if total else "") + json.dumps(dict(zip(names, row, strict=True)), ensure_ascii=False)
+                if written + buffer.tell() >= SAVED_BYTES:
+                    cut = True
+                    break
                 total += 1
-            yield "]"
+                writer.writerow([total, *map(_cell, row)])
+                if buffer.tell() >= 1 << 20:
+                    written += buffer.tell()
+                    yield buffer.getvalue()
+                    buffer.seek(0)
+                    buffer.truncate()
+            yield buffer.getvalue()
 
-        saved = self.store.save_chunks("response_query", chunks(), "json")
-        return {
+        saved = self.store.save_chunks("response_query", chunks(), "text")
+        out = {
             "columns": columns,
             "rows": shown,
-            "row_count": total,
+            "row_count": f"more than {total}" if cut else total,
             "note": (
                 f"{total - len(shown)} of {total} rows left out to fit {max_tokens} tokens: aggregate "
                 "(count, GROUP BY), filter (WHERE) or add LIMIT; all rows are in the fileRef"
@@ -289,9 +304,15 @@ class Explorer:
                 "path": str(saved.path),
                 "sizeHint": human_size(saved.size),
                 "rows": total,
-                "next": f"response_query(path='{saved.id}', sql='SELECT * FROM items LIMIT 50 OFFSET {len(shown)}')",
+                "next": f"response_query(path='{saved.id}', sql='SELECT * FROM items WHERE row > {len(shown)} LIMIT 50')",
             },
         }
+        if cut:
+            out["note"] = (
+                f"the saved rows stop at {total}: a saved answer may take {human_size(SAVED_BYTES)}; narrow it "
+                "(WHERE, aggregate, fewer columns) to save the rest"
+            )
+        return out
 
     def tables(self, path: Path, kind: str) -> list[str]:
         """The tables a query on this result can use, with their columns."""
@@ -373,6 +394,17 @@ def _matches(json_path: str, steps: list[Any], shown: list[Any], total: int) -> 
     if len(shown) < total:
         out[MORE] = {"path": format_path(steps)}
     return out
+
+
+def _cell(value: Any) -> Any:
+    """A value as a CSV cell the table reads back: NULL empty, lists and records as JSON."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, ensure_ascii=False)
+    return value
 
 
 def _unique_names(columns: list[str]) -> list[str]:

@@ -42,7 +42,7 @@ from gateway.services import shares
 from gateway.services.files import VersionedCache, atomic_write, process_alive, temp_beside
 from plugins.offload.json_file import BrokenJSON
 from plugins.offload.paths import PathError
-from plugins.offload.sql_worker import LINE_BYTES
+from plugins.offload.sql_worker import LINE_BYTES, TIME_EXIT
 from plugins.offload.tables import Table
 
 log = logging.getLogger("plugins.offload")
@@ -168,8 +168,8 @@ class _Worker:
         if message is None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(2)  # why it ended: its own wall time, a kill, memory
-        alarm = getattr(signal, "SIGALRM", None)
-        if (message or {}).get("kind") == "time" or self.timed_out or self.proc.returncode == -(alarm or 0):
+        own_end = (TIME_EXIT, -getattr(signal, "SIGALRM", TIME_EXIT))  # it stopped itself at its time
+        if (message or {}).get("kind") == "time" or self.timed_out or self.proc.returncode in own_end:
             return QueryError(f"{what} ran longer than {self.seconds:.0f} s and was stopped; narrow it")
         if message is None and self.broken == "too long":
             return QueryError(f"{what} sent more at once than one answer may hold and was stopped; narrow it")

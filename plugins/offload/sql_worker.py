@@ -34,6 +34,7 @@ ROW_BYTES = 8 * 1024 * 1024  # ...and one row may be at most this large: a line 
 LINE_BYTES = BATCH_BYTES + ROW_BYTES + 64 * 1024  # the longest line the parent reads
 NICE = 10  # below the gateway's own priority: a query never slows the answers of other callers
 PR_SET_PDEATHSIG = 1
+TIME_EXIT = 124  # the exit status of a worker that ended itself at its time limit
 REFUSED = ("COPY", "COPY_DATABASE", "EXPORT", "ATTACH", "DETACH", "LOAD", "EXTENSION", "SET", "VARIABLE_SET")
 
 
@@ -56,16 +57,21 @@ def _look_after_itself(wall: float) -> None:
 
 
 class _Clock:
-    """The computation's own time: it runs except while the process waits to hand a line to its parent.
-    Past `seconds` it calls `stop` (DuckDB's interrupt) once."""
+    """The computation's own time: it runs from `start` (the process's start-up is not the caller's
+    doing) except while the process waits to hand a line to its parent. Past `seconds` it calls `stop`
+    (DuckDB's interrupt) once."""
 
     def __init__(self, seconds: float):
         self.seconds, self.used, self.started = seconds, 0.0, time.monotonic()
-        self.paused = False
+        self.paused = True
         self.expired = False
         self.stop: Any = None
         self._lock = threading.Lock()
         threading.Thread(target=self._watch, daemon=True).start()
+
+    def start(self, stop: Any = None) -> None:
+        self.stop = stop
+        self.resume()
 
     def _watch(self) -> None:
         while True:
@@ -171,7 +177,7 @@ def _convert(request: dict[str, Any], out: Any) -> None:
 
 def _interrupt_with_clock(conn: Any) -> None:
     if _CLOCK is not None:
-        _CLOCK.stop = conn.interrupt
+        _CLOCK.start(conn.interrupt)
 
 
 def _refused(conn: Any, sql: str) -> str | None:
@@ -252,6 +258,8 @@ def _slice(request: dict[str, Any], out: Any) -> None:
     from plugins.offload.json_file import BrokenJSON
     from plugins.offload.paths import PathError
 
+    if _CLOCK is not None:
+        _CLOCK.start(lambda: os._exit(TIME_EXIT))  # nothing to interrupt: the process ends
     try:
         answer = json_slice(Path(request["path"]), request["json_path"], request["budget"])
     except (ToolInputError, PathError, BrokenJSON, UnicodeDecodeError) as exc:  # the caller's to mend
