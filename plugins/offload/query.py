@@ -42,7 +42,7 @@ from gateway.services import shares
 from gateway.services.files import VersionedCache, atomic_write, process_alive, temp_beside
 from plugins.offload.json_file import BrokenJSON
 from plugins.offload.paths import PathError
-from plugins.offload.sql_worker import LINE_BYTES, TIME_EXIT
+from plugins.offload.sql_worker import LINE_BYTES, PARENT_ENV, TIME_EXIT
 from plugins.offload.tables import Table
 
 log = logging.getLogger("plugins.offload")
@@ -119,11 +119,11 @@ class _Worker:
         if self.temp is not None:
             request = {**request, "temp_directory": str(self.temp)}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "plugins.offload.sql_worker"],
+            [sys.executable, "-m", "plugins.offload.sql_worker", str(wall)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
-            env={**os.environ, "PYTHONPATH": path},
+            env={**os.environ, "PYTHONPATH": path, PARENT_ENV: str(os.getpid())},
             cwd=_ROOT,
         )
         self.seconds, self.wall = seconds, wall
@@ -136,7 +136,7 @@ class _Worker:
         self.timer.start()
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.out = self.proc.stdout
-        message = {**request, "address_space": ADDRESS_SPACE, "seconds": seconds, "wall": wall}
+        message = {**request, "address_space": ADDRESS_SPACE, "seconds": seconds}
         try:
             self.proc.stdin.write((json.dumps(message) + "\n").encode())
             self.proc.stdin.close()

@@ -34,6 +34,7 @@ ROW_BYTES = 8 * 1024 * 1024  # ...and one row may be at most this large: a line 
 LINE_BYTES = BATCH_BYTES + ROW_BYTES + 64 * 1024  # the longest line the parent reads
 NICE = 10  # below the gateway's own priority: a query never slows the answers of other callers
 PR_SET_PDEATHSIG = 1
+PARENT_ENV = "CTX_WORKER_PARENT"  # the gateway's pid: a parent gone before the signal was set is seen
 TIME_EXIT = 124  # the exit status of a worker that ended itself at its time limit
 REFUSED = ("COPY", "COPY_DATABASE", "EXPORT", "ATTACH", "DETACH", "LOAD", "EXTENSION", "SET", "VARIABLE_SET")
 
@@ -41,7 +42,7 @@ REFUSED = ("COPY", "COPY_DATABASE", "EXPORT", "ATTACH", "DETACH", "LOAD", "EXTEN
 def _look_after_itself(wall: float) -> None:
     """A lower priority, death with the parent, and a wall time of its own (POSIX; Linux for the
     parent-death signal)."""
-    parent = os.getppid()
+    parent = int(os.environ.get(PARENT_ENV, "0")) or os.getppid()
     with contextlib.suppress(AttributeError, OSError):
         os.nice(NICE)
     if sys.platform == "linux":
@@ -270,11 +271,11 @@ def _slice(request: dict[str, Any], out: Any) -> None:
 
 def main() -> None:
     global _CLOCK
+    _look_after_itself(float(sys.argv[1]) if len(sys.argv) > 1 else 600.0)
     request = json.loads(sys.stdin.readline())
     out = sys.stdout
     sys.stdout = sys.stderr  # nothing else may write to the parent's pipe
     os.close(0)
-    _look_after_itself(request["wall"])
     _limit_memory(request["address_space"])
     _CLOCK = _Clock(request["seconds"])
     import duckdb
