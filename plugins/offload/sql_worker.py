@@ -255,8 +255,8 @@ def _row_too_large(size: int) -> str:
 def _slice(request: dict[str, Any], out: Any) -> None:
     """A JSONPath over a large result, with this process's memory and time limits."""
     from gateway.args import ToolInputError
-    from plugins.offload.explore import json_slice
     from plugins.offload.json_file import BrokenJSON
+    from plugins.offload.json_slice import json_slice
     from plugins.offload.paths import PathError
 
     if _CLOCK is not None:
