@@ -350,7 +350,7 @@ def execute(result: Path, kind: str, sql: str, namespace: str = "") -> Iterator[
 
 
 def json_path_in_worker(path: Path, json_path: str, budget: int, namespace: str = "") -> dict[str, Any]:
-    """`explore.json_slice` in a worker process, with its memory and time limits, within the caller's share
+    """`json_slice` in a worker process, with its memory and time limits, within the caller's share
     (a recursive path over a large result builds far more than the file's size in Python objects)."""
     with _slot(namespace):
         worker = _Worker(
