@@ -4,9 +4,12 @@ caller's queries, or leave a result it cannot query again."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import sys
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -88,7 +91,13 @@ async def test_concurrent_queries_on_one_result_all_answer(tmp_path: Path) -> No
 
         async def ask(i: int) -> None:
             sql = f"SELECT count(*) + {i} FROM items, range(200)"
-            answers.append(await call(session, "response_query", {"path": rid, "sql": sql}))
+            with anyio.fail_after(120):
+                # past one caller's share of worker processes a query is told to try again, as a model would
+                while "try again when one ends" in text_of(
+                    answer := await call(session, "response_query", {"path": rid, "sql": sql})
+                ):
+                    pass
+            answers.append(answer)
 
         async with anyio.create_task_group() as tg:
             for i in range(4):
@@ -190,3 +199,108 @@ async def test_a_long_conversion_does_not_hold_another_results_query(tmp_path: P
             counted = await ok(session, "response_query", {"path": big, "sql": "SELECT count(*) FROM items"})
             assert counted["rows"] == [[100_000]]
             assert peak_rss(pid) - before < 1024 * 1024 * 1024  # it peaked at 1.4 GB
+
+
+def _workers(parent: int) -> list[int]:
+    """The SQL worker processes whose parent is `parent` (Linux: read from /proc)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes()
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if b"plugins.offload.sql_worker" in argv and (parent == 0 or ppid == parent):
+            found.append(int(proc.name))
+    return found
+
+
+SLOW = "SELECT count(*) FROM range(400000) a, range(1000) b WHERE (a.range * b.range) % 7 = {i}"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="counts worker processes in /proc (Linux)")
+async def test_one_callers_queries_get_a_share_of_the_workers(tmp_path: Path) -> None:
+    """Many slow queries at once: at most the pool's share runs (at a lower priority), the rest are told
+    to try again, and the gateway answers other calls meanwhile."""
+    from gateway.services.shares import worker_pool
+
+    share = worker_pool().per_caller
+    async with _gateway(tmp_path) as (session, cfg):
+        rid = await _offloaded(session)
+        await ok(session, "response_query", {"path": rid, "sql": "SELECT count(*) FROM items"})
+        pid = gateway_pid(cfg)
+        answers: list[Any] = []
+        most, lowest = 0, 0
+
+        async def ask(i: int) -> None:
+            answers.append(await call(session, "response_query", {"path": rid, "sql": SLOW.format(i=i)}))
+
+        async with anyio.create_task_group() as tg:
+            for i in range(6):
+                tg.start_soon(ask, i)
+            with anyio.fail_after(60):
+                while len(answers) < 6:
+                    running = _workers(pid)
+                    most = max(most, len(running))
+                    for worker in running:
+                        with contextlib.suppress(OSError):
+                            lowest = max(lowest, os.getpriority(os.PRIO_PROCESS, worker))
+                    await anyio.sleep(0.05)
+            with anyio.fail_after(10):  # the gateway answers meanwhile
+                assert "here" in text_of(await call(session, "p__echo", {"text": "here"}))
+        assert most <= share and lowest >= 10  # below the gateway's priority
+        busy = [text_of(a) for a in answers if a.is_error]
+        assert busy and all("try again when one ends" in b for b in busy), busy
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is Linux's")
+def test_a_query_worker_ends_with_a_killed_gateway(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, {"p": probe("p")}, plugins=["offload"], max_response_size=4096)
+    proc = gateway_pipes(cfg)
+    assert proc.stdin is not None and proc.stdout is not None
+
+    def ask(rid: int, method: str, params: dict[str, Any]) -> None:
+        proc.stdin.write(
+            (json.dumps({"jsonrpc": "2.0", "id": rid, "method": method, "params": params}) + "\n").encode()
+        )
+        proc.stdin.flush()
+
+    try:
+        ask(1, "initialize", RAW_HELLO)
+        proc.stdout.readline()
+        proc.stdin.write(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n')
+        ask(2, "tools/call", {"name": "p__big", "arguments": {"size": 200_000}})
+        while (reply := json.loads(proc.stdout.readline())).get("id") != 2:
+            pass  # notifications before the answer
+        rid = json.loads(reply["result"]["content"][0]["text"])["fileRef"]["id"]
+        sql = SLOW.format(i=1).replace("range(400000)", "range(100000000)")
+        ask(3, "tools/call", {"name": "response_query", "arguments": {"path": rid, "sql": sql}})
+        deadline = time.monotonic() + 60
+        while not (running := [w for w in _workers(proc.pid) if _niced(w)]):  # mid-query
+            assert time.monotonic() < deadline, "no worker started"
+            time.sleep(0.05)
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 10  # was still running 30 s later
+        while any(_state(w) not in ("Z", "X") for w in running):
+            assert time.monotonic() < deadline, "the worker outlived the gateway"
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _niced(pid: int) -> bool:
+    try:
+        return os.getpriority(os.PRIO_PROCESS, pid) >= 10
+    except OSError:
+        return False
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"

@@ -16,12 +16,14 @@ process started by the caller).
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeVar
 
 import anyio
+import anyio.from_thread
 import anyio.to_thread
+from anyio.lowlevel import EventLoopToken
 
 T = TypeVar("T")
 
@@ -94,6 +96,18 @@ class Pool:
         finally:
             if own.borrowed_tokens == 0 and own.statistics().tasks_waiting == 0 and self._own.get(caller) is own:
                 del self._own[caller]  # an idle caller costs nothing: the map never grows with callers
+
+    @contextmanager
+    def slot_in_thread(self, caller: str, token: EventLoopToken | None = None) -> Iterator[None]:
+        """`slot` for blocking code already off the loop (a thread anyio started, or any thread given the
+        loop's `token`): the place is taken and given back on the loop, the block runs here. Raises
+        anyio's NoEventLoopError when there is no loop to ask (nothing is shared then)."""
+        held = self.slot(caller)
+        anyio.from_thread.run(held.__aenter__, token=token)
+        try:
+            yield
+        finally:
+            anyio.from_thread.run(held.__aexit__, None, None, None, token=token)
 
     async def run(self, caller: str, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)` in a thread of this pool, within `caller`'s share."""

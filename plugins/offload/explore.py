@@ -3,6 +3,8 @@ to the token budget."""
 
 from __future__ import annotations
 
+import csv
+import io
 import itertools
 import json
 import re
@@ -19,15 +21,16 @@ from gateway.args import Args, ToolInputError
 from gateway.services.responses import ResponseStore, id_of, saved_kind
 from gateway.services.text import human_size
 from plugins.offload.fit import cost, fit, longest_prefix, take_within
-from plugins.offload.json_file import BrokenJSON, is_small
+from plugins.offload.json_file import SMALL_FILE, BrokenJSON, is_small
+from plugins.offload.json_slice import MORE, json_slice
 from plugins.offload.paths import format_path, parse_path
 from plugins.offload.tables import MAIN, Table, sql_name
 
 # what a reply holds besides the cut list (its other keys), in tokens
 LINES_FRAME = 70  # start/end/total, next/prev, a note
-SLICE_FRAME = 90  # json_path, shown/total or the marker, a note with a next step
 ROWS_FRAME = 20  # columns' frame, row_count
 ROWS_NOTE = 110  # the note and the fileRef of a cut answer
+SAVED_BYTES = 64 * 1024 * 1024  # what a saved answer may take on disk
 _NOTED_COLUMN = re.compile(r'column "((?:[^"]|"")*)"')
 MODES = ("first_of_array", "sample_array", "truncate_strings", "keys_only", "select_keys")
 
@@ -43,8 +46,8 @@ class Explorer:
     """The four handlers over one responses store; `budget` is the answer budget in tokens for the host
     connection that asked (its window decides it)."""
 
-    def __init__(self, store: ResponseStore):
-        self.store = store
+    def __init__(self, store: ResponseStore, namespace: str = ""):
+        self.store, self.namespace = store, namespace  # the namespace: whose share of worker processes
 
     def _file(self, args: Args) -> Path:
         return self.store.resolve(args.str("path", required=True))
@@ -93,7 +96,7 @@ class Explorer:
     def _catalog(self, path: Path, kind: str) -> tuple[list[Table], list[str]]:
         """The result's tables, or none and why (the outline still answers)."""
         try:
-            return query.build(path, kind), []
+            return query.build(path, kind, self.namespace), []
         except Exception as exc:
             return [], [f"no tables: {str(exc).splitlines()[0][:160]}"]
 
@@ -141,51 +144,23 @@ class Explorer:
                 "response_slice: json_path works on JSON results; this one is text, use "
                 "start_line/end_line or response_search"
             )
-        steps, remainder = parse_path(json_path)
-        count = json_values.large_array(path, steps)
-        stream = json_values.stream_matches(path, steps, remainder) if count is not None else None
-        if stream is not None:  # a large array: take what fits, never load it whole
-            return self._bounded_slice(path, json_path, steps, remainder, stream, count, budget)
-        value, steps = json_values.resolve(path, json_path)
-        nxt, prev = (None, None)
-        if remainder is None:
-            nxt, prev = json_values.neighbours(path, steps)
-        shown, cut = fit(value, budget)
-        if remainder is not None:  # a wildcard or filter: its matches, counted
-            # fit ends a cut list with its "…(+N more items)" marker: the answer counts instead
-            marker = f"…(+{len(value) - len(shown) + 1} more items)"
-            matches = shown[:-1] if cut and shown and shown[-1] == marker else shown
-            return self._matches_answer(path, json_path, steps, matches, len(value), budget)
-        return _slice_answer(json_path, steps, remainder, shown, cut, _deeper(steps, value), budget, nxt, prev)
+        if path.stat().st_size <= SMALL_FILE:  # parsed whole and cached here anyway: no process to start
+            answer = json_slice(path, json_path, budget)
+        else:  # a path over a large file (`..*`) can build many times its size: a worker's memory, not ours
+            answer = query.json_path_in_worker(path, json_path, budget, self.namespace)
+        if (more := answer.pop(MORE, None)) is not None:
+            answer["note"] = self._rest_of_matches(path, more["path"], answer["shown"], answer["total"], budget)
+        return answer
 
-    def _matches_answer(
-        self, path: Path, json_path: str, steps: list[Any], shown: list[Any], total: int, budget: int
-    ) -> dict[str, Any]:
-        """What a wildcard or filter selected: the matches that fit, how many there are, and a next step
-        that reaches the rest."""
-        out: dict[str, Any] = {"json_path": json_path, "value": shown, "shown": len(shown), "total": total}
-        if len(shown) < total:
-            where = format_path(steps)
-            table = next((t for t in self._catalog(path, "json")[0] if t.source == where), None)
-            step = (
-                f"response_query(path='{id_of(path)}', sql='SELECT * FROM {sql_name(table.name)} LIMIT 100 OFFSET {len(shown)}')"
-                if table is not None
-                else f"response_compress(path='{id_of(path)}', mode='select_keys', json_path={where!r}, keys=[...])"
-            )
-            out["note"] = f"{len(shown)} of {total} matches shown (token budget {budget}); the rest: {step}"
-        return out
-
-    def _bounded_slice(
-        self, path: Path, json_path: str, steps: list[Any], remainder: str | None, stream: Any, count: int, budget: int
-    ) -> dict[str, Any]:
-        shown, read, unread = take_within(stream, budget - SLICE_FRAME)
-        more = unread or len(read) > len(shown)
-        if remainder is not None:
-            total = len(read) + (sum(1 for _ in stream) if unread else 0)
-            return self._matches_answer(path, json_path, steps, shown, total, budget)
-        if more:
-            shown.append(f"…(+{count - len(shown)} more items)")
-        return _slice_answer(json_path, steps, remainder, shown, more, format_path([*steps, 0]), budget)
+    def _rest_of_matches(self, path: Path, where: str, shown: int, total: int, budget: int) -> str:
+        """The note of a wildcard's answer cut to the budget: a next step that reaches the rest."""
+        table = next((t for t in self._catalog(path, "json")[0] if t.source == where), None)
+        step = (
+            f"response_query(path='{id_of(path)}', sql='SELECT * FROM {sql_name(table.name)} LIMIT 100 OFFSET {shown}')"
+            if table is not None
+            else f"response_compress(path='{id_of(path)}', mode='select_keys', json_path={where!r}, keys=[...])"
+        )
+        return f"{shown} of {total} matches shown (token budget {budget}); the rest: {step}"
 
     def search(self, args: Args, budget: int) -> dict[str, Any]:
         path = self._file(args)
@@ -256,7 +231,7 @@ class Explorer:
         if kind == "binary":
             self._refuse_binary(path, "response_query")
         try:
-            with query.execute(path, kind, sql) as (columns, rows):
+            with query.execute(path, kind, sql, self.namespace) as (columns, rows):
                 room = max_tokens - cost(columns) - ROWS_FRAME
                 first, rest = itertools.tee(rows)
                 shown, read, unread = take_within(first, room)
@@ -264,7 +239,7 @@ class Explorer:
                     shown = shown[: longest_prefix(len(shown), lambda n: cost(shown[:n]), room - ROWS_NOTE)]
                     answer = self._rows_saved(columns, shown, rest, max_tokens)
                     if rows.capped:  # the answer is larger than a reply may read back
-                        answer["row_count"] = f"more than {answer['row_count']}"
+                        answer["row_count"] = f"more than {answer['fileRef']['rows']}"
                         answer["note"] = (
                             f"the answer is larger than {human_size(query.ANSWER_BYTES)}: its first "
                             f"{answer['fileRef']['rows']} rows are in the fileRef; narrow it (WHERE, aggregate, "
@@ -290,24 +265,36 @@ class Explorer:
         ]
 
     def _rows_saved(self, columns: list[str], shown: list[Any], every_row: Any, max_tokens: int) -> dict[str, Any]:
-        """Rows beyond the budget: every row of the answer saved as a new result (an array of records,
-        so response_query on it has them as `items`), counted while it is written."""
-        names = _unique_names(columns)
-        total = 0
+        """Rows beyond the budget: every row of the answer saved as a new result, as CSV (the column names
+        once, a `row` number first), which response_query reads back as the typed table `items`. Counted
+        while it is written, and cut at SAVED_BYTES."""
+        names = _unique_names(["row", *columns])
+        total, cut = 0, False
 
         def chunks() -> Any:
-            nonlocal total
-            yield "["
+            nonlocal total, cut
+            buffer = io.StringIO()
+            writer = csv.writer(buffer, lineterminator="\n")
+            writer.writerow(names)
+            written = 0
             for row in every_row:
-                yield ("," if total else "") + json.dumps(dict(zip(names, row, strict=True)), ensure_ascii=False)
+                if written + buffer.tell() >= SAVED_BYTES:
+                    cut = True
+                    break
                 total += 1
-            yield "]"
+                writer.writerow([total, *map(_cell, row)])
+                if buffer.tell() >= 1 << 20:
+                    written += buffer.tell()
+                    yield buffer.getvalue()
+                    buffer.seek(0)
+                    buffer.truncate()
+            yield buffer.getvalue()
 
-        saved = self.store.save_chunks("response_query", chunks(), "json")
-        return {
+        saved = self.store.save_chunks("response_query", chunks(), "text")
+        out = {
             "columns": columns,
             "rows": shown,
-            "row_count": total,
+            "row_count": f"more than {total}" if cut else total,
             "note": (
                 f"{total - len(shown)} of {total} rows left out to fit {max_tokens} tokens: aggregate "
                 "(count, GROUP BY), filter (WHERE) or add LIMIT; all rows are in the fileRef"
@@ -317,9 +304,15 @@ class Explorer:
                 "path": str(saved.path),
                 "sizeHint": human_size(saved.size),
                 "rows": total,
-                "next": f"response_query(path='{saved.id}', sql='SELECT * FROM items LIMIT 50 OFFSET {len(shown)}')",
+                "next": f"response_query(path='{saved.id}', sql='SELECT * FROM items WHERE row > {len(shown)} LIMIT 50')",
             },
         }
+        if cut:
+            out["note"] = (
+                f"the saved rows stop at {total}: a saved answer may take {human_size(SAVED_BYTES)}; narrow it "
+                "(WHERE, aggregate, fewer columns) to save the rest"
+            )
+        return out
 
     def tables(self, path: Path, kind: str) -> list[str]:
         """The tables a query on this result can use, with their columns."""
@@ -364,6 +357,17 @@ class Explorer:
         }
 
 
+def _cell(value: Any) -> Any:
+    """A value as a CSV cell the table reads back: NULL empty, lists and records as JSON."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, ensure_ascii=False)
+    return value
+
+
 def _unique_names(columns: list[str]) -> list[str]:
     """Column names as record keys: a repeated name (two `count(*)`) gets a number."""
     out: list[str] = []
@@ -373,35 +377,6 @@ def _unique_names(columns: list[str]) -> list[str]:
             unique, n = f"{name}_{n}", n + 1
         out.append(unique)
     return out
-
-
-def _slice_answer(
-    json_path: str,
-    steps: list[Any],
-    remainder: str | None,
-    shown: Any,
-    cut: bool,
-    deeper: str,
-    budget: int,
-    next_path: str | None = None,
-    prev_path: str | None = None,
-) -> dict[str, Any]:
-    out: dict[str, Any] = {"json_path": format_path(steps) if remainder is None else json_path, "value": shown}
-    if cut:
-        out["note"] = (
-            f"value cut to the token budget ({budget} tokens); go deeper, e.g. json_path='{deeper}', "
-            "or use response_compress"
-        )
-    out["next_path"], out["prev_path"] = next_path, prev_path
-    return out
-
-
-def _deeper(steps: list[Any], value: Any) -> str:
-    if isinstance(value, list):
-        return format_path([*steps, 0])
-    if isinstance(value, dict) and value:
-        return format_path([*steps, next(iter(value))])
-    return format_path(steps)
 
 
 def _json_hints(rid: str, info: dict[str, Any]) -> list[str]:

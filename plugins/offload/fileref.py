@@ -138,7 +138,7 @@ def _replace(
         ]
         if len(parts) > len(listed):
             reply["moreFiles"] = f"{len(parts) - len(listed)} more blocks saved beside these"
-    reply["outline"] = inline_outline(primary)
+    reply["outline"] = inline_outline(primary, call.namespace)
     reply["next"] = (
         f"response_outline(path='{primary.id}')" if primary.kind != "binary" else f"open it with: {ref['openCmd']}"
     )
@@ -163,12 +163,12 @@ def _save_text(store: ResponseStore, stem: str, text: str) -> Saved:
     return store.save_text(stem, text, "json" if looks_like_json(text) else "text")
 
 
-def inline_outline(saved: Saved) -> dict[str, Any]:
+def inline_outline(saved: Saved, namespace: str) -> dict[str, Any]:
     """A few lines of outline for the fileRef reply, and the tables a query can use at once (their
     columns named, so a first query needs no look): cheap even for a huge file."""
     if saved.kind == "binary":
         return {"type": "binary", "mime": saved.mime}
-    converting = query.warm(saved.path, saved.kind)
+    converting = query.warm(saved.path, saved.kind, namespace)
     out = _text_outline(saved) if saved.kind == "text" else _json_outline(saved)
     if saved.size <= TABLES_WAIT_BYTES:  # a conversion of a few MB takes well under a second
         converting.join(TABLES_WAIT)
@@ -176,7 +176,7 @@ def inline_outline(saved: Saved) -> dict[str, Any]:
         out["tables"] = "being prepared; response_outline lists them"
         return out
     try:
-        tables = query.build(saved.path, saved.kind)  # ready: cached
+        tables = query.build(saved.path, saved.kind, namespace)  # ready: cached
     except Exception as exc:  # the first query will say why
         out["tables"] = f"none ({str(exc).splitlines()[0][:120]})"
         return out

@@ -247,7 +247,7 @@ class OffloadPlugin(Plugin):
 
     def _explorer(self, namespace: str) -> Explorer:
         if namespace not in self.explorers:
-            self.explorers[namespace] = Explorer(self._ctx().responses_for(namespace))
+            self.explorers[namespace] = Explorer(self._ctx().responses_for(namespace), namespace)
         return self.explorers[namespace]
 
     def _tool(self, handler: Any) -> Any:

@@ -1,4 +1,5 @@
-"""The child process that runs DuckDB for response_query: one conversion or one query per process.
+"""The child process that runs DuckDB for response_query (and JSONPath over a large result): one
+conversion, query or slice per process.
 
 A query or a conversion can need far more memory than its DuckDB limit says (DuckDB computes a chunk of
 2,048 rows at once: `repeat('x', 10000000)` over 150 rows is 1.5 GB before the first row is fetched), and
@@ -6,19 +7,101 @@ a runaway one must not take a shared gateway down with it. So each runs here, in
 with its address space capped, ended by its parent when its time is up, when the gateway stops, or when
 the parent has read all it will read. The parent (`query.py`) writes one JSON request on stdin; this
 answers JSON lines on stdout: `{"tables": [...]}` for a conversion; `{"columns": [...]}`, then
-`{"rows": [...]}` batches and `{"end": true}` for a query; `{"error": ..., "kind": ...}` when it fails.
+`{"rows": [...]}` batches and `{"end": true}` for a query; `{"answer": ...}` for a slice; `{"error": ...,
+"kind": ...}` when it fails.
+
+It looks after itself too: it runs at a lower CPU priority than the gateway, dies with the gateway
+(the parent-death signal) and kills itself past its wall time (SIGALRM, default action), so nothing
+outlives a gateway killed mid-query. Its time limit is its own clock over the computation: time spent
+blocked while the parent reads or saves what it sent does not count; past it DuckDB is interrupted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import sys
+import threading
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-BATCH_BYTES = 2 * 1024 * 1024  # the size a batch of rows aims at (widths measured as rows come)
+BATCH_BYTES = 2 * 1024 * 1024  # a line of rows ends once it reaches this size...
+ROW_BYTES = 8 * 1024 * 1024  # ...and one row may be at most this large: a line is never above both
+LINE_BYTES = BATCH_BYTES + ROW_BYTES + 64 * 1024  # the longest line the parent reads
+NICE = 10  # below the gateway's own priority: a query never slows the answers of other callers
+PR_SET_PDEATHSIG = 1
+PARENT_ENV = "CTX_WORKER_PARENT"  # the gateway's pid: a parent gone before the signal was set is seen
+TIME_EXIT = 124  # the exit status of a worker that ended itself at its time limit
+REFUSED = ("COPY", "COPY_DATABASE", "EXPORT", "ATTACH", "DETACH", "LOAD", "EXTENSION", "SET", "VARIABLE_SET")
+
+
+def _look_after_itself(wall: float) -> None:
+    """A lower priority, death with the parent, and a wall time of its own (POSIX; Linux for the
+    parent-death signal)."""
+    parent = int(os.environ.get(PARENT_ENV, "0")) or os.getppid()
+    with contextlib.suppress(AttributeError, OSError):
+        os.nice(NICE)
+    if sys.platform == "linux":
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the signal was asked for
+            os._exit(1)
+    if hasattr(signal, "alarm"):  # no handler: the kernel ends the process, whatever it is doing
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        signal.alarm(max(1, int(wall + 0.999)))
+
+
+class _Clock:
+    """The computation's own time: it runs from `start` (the process's start-up is not the caller's
+    doing) except while the process waits to hand a line to its parent. Past `seconds` it calls `stop`
+    (DuckDB's interrupt) once."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.used, self.started = seconds, 0.0, time.monotonic()
+        self.paused = True
+        self.expired = False
+        self.stop: Any = None
+        self._lock = threading.Lock()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def start(self, stop: Any = None) -> None:
+        self.stop = stop
+        self.resume()
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(0.05)
+            with self._lock:
+                if self.paused:
+                    continue
+                now = time.monotonic()
+                self.used += now - self.started
+                self.started = now
+                if self.used < self.seconds or self.expired:
+                    continue
+                self.expired = True
+                stop = self.stop
+            if stop is not None:
+                stop()
+
+    def pause(self) -> None:
+        with self._lock:
+            self.used += time.monotonic() - self.started
+            self.paused = True
+
+    def resume(self) -> None:
+        with self._lock:
+            self.started = time.monotonic()
+            self.paused = False
+
+
+_CLOCK: _Clock | None = None
 
 
 def _limit_memory(byte_count: int) -> None:
@@ -33,9 +116,16 @@ def _limit_memory(byte_count: int) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (byte_count, hard))
 
 
-def _send(out: Any, message: dict[str, Any]) -> None:
-    out.write(json.dumps(message, ensure_ascii=False, default=str) + "\n")
-    out.flush()
+def _send(out: Any, message: dict[str, Any] | str) -> None:
+    text = message if isinstance(message, str) else json.dumps(message, ensure_ascii=False, default=str)
+    if _CLOCK is not None:
+        _CLOCK.pause()  # the parent reading or saving is not this computation's time
+    try:
+        out.write(text + "\n")
+        out.flush()
+    finally:
+        if _CLOCK is not None:
+            _CLOCK.resume()
 
 
 class _Growing:
@@ -68,6 +158,7 @@ def _convert(request: dict[str, Any], out: Any) -> None:
     from plugins.offload.tables import profile
 
     raw = duckdb.connect(request["target"], config={"threads": 1, "memory_limit": request["memory"]})
+    _interrupt_with_clock(raw)
     conn = _Growing(raw, request["memory_ceiling"])
     try:
         tables = load(
@@ -85,6 +176,29 @@ def _convert(request: dict[str, Any], out: Any) -> None:
     _send(out, {"tables": profiled})  # after the close: the file is whole when the parent moves it
 
 
+def _interrupt_with_clock(conn: Any) -> None:
+    if _CLOCK is not None:
+        _CLOCK.start(conn.interrupt)
+
+
+def _refused(conn: Any, sql: str) -> str | None:
+    """Why the SQL is not a query response_query runs (a statement that writes files, attaches or loads
+    something, or changes a setting), or None."""
+    try:
+        statements = conn.extract_statements(sql)
+    except Exception:  # a syntax error: DuckDB's own message says where, when it runs
+        return None
+    for statement in statements:
+        kind = str(statement.type).rpartition(".")[2]
+        if kind in REFUSED:
+            return (
+                f"{kind.replace('_', ' ')} statements are not allowed: response_query answers queries "
+                "(SELECT, WITH, DESCRIBE, ...); it never writes, attaches or loads files. Large answers are "
+                "saved for you as a new result"
+            )
+    return None
+
+
 def _query(request: dict[str, Any], out: Any) -> None:
     import duckdb
 
@@ -95,35 +209,82 @@ def _query(request: dict[str, Any], out: Any) -> None:
             "threads": request["threads"],
             "memory_limit": request["memory"],
             "max_temp_directory_size": request["temp"],
-            "enable_external_access": False,
+            "temp_directory": request["temp_directory"],  # this query's own, removed when it ends
         },
     )
+    conn.execute("SET enable_external_access = false")  # after temp_directory: DuckDB refuses it after
     conn.execute("SET lock_configuration = true")
+    if (why := _refused(conn, request["sql"])) is not None:
+        _send(out, {"error": why, "kind": "sql"})
+        return
+    _interrupt_with_clock(conn)
     cursor = conn.execute(request["sql"])
     if cursor.description is None:
         _send(out, {"error": "the statement returned no rows; only queries (SELECT, WITH ...) answer", "kind": "sql"})
         return
     _send(out, {"columns": [d[0] for d in cursor.description]})
-    batch_rows = 1  # the first row tells how wide they are
-    while batch := cursor.fetchmany(batch_rows):
-        text = json.dumps({"rows": batch}, ensure_ascii=False, default=str)
-        out.write(text + "\n")
-        out.flush()
-        per_row = max(1, len(text) // len(batch))
-        batch_rows = max(1, min(10_000, BATCH_BYTES // per_row))
+    parts: list[str] = []
+    size = 0
+    fetch = 1  # the first row tells how wide they are (a guess only: each line is cut by its bytes)
+    while batch := cursor.fetchmany(fetch):
+        fetched = 0
+        for row in batch:
+            part = json.dumps(row, ensure_ascii=False, default=str)
+            if len(part) > ROW_BYTES:  # bytes are capped where they are made: never one huge line
+                _send(out, {"error": _row_too_large(len(part)), "kind": "sql"})
+                return
+            parts.append(part)
+            size += len(part) + 1
+            fetched += len(part) + 1
+            if size >= BATCH_BYTES:
+                _send(out, '{"rows": [' + ",".join(parts) + "]}")
+                parts, size = [], 0
+        fetch = max(1, min(10_000, BATCH_BYTES // max(1, fetched // len(batch))))
+    if parts:
+        _send(out, '{"rows": [' + ",".join(parts) + "]}")
     _send(out, {"end": True})
 
 
+def _row_too_large(size: int) -> str:
+    return (
+        f"one row of the answer is {size // (1024 * 1024)} MB, more than {ROW_BYTES // (1024 * 1024)} MB a row may "
+        "be; select fewer or shorter columns (e.g. left(col, 1000))"
+    )
+
+
+def _slice(request: dict[str, Any], out: Any) -> None:
+    """A JSONPath over a large result, with this process's memory and time limits."""
+    from gateway.args import ToolInputError
+    from plugins.offload.json_file import BrokenJSON
+    from plugins.offload.json_slice import json_slice
+    from plugins.offload.paths import PathError
+
+    if _CLOCK is not None:
+        _CLOCK.start(lambda: os._exit(TIME_EXIT))  # nothing to interrupt: the process ends
+    try:
+        answer = json_slice(Path(request["path"]), request["json_path"], request["budget"])
+    except (ToolInputError, PathError, BrokenJSON, UnicodeDecodeError) as exc:  # the caller's to mend
+        _send(out, {"error": str(exc), "kind": "input", "type": type(exc).__name__})
+        return
+    _send(out, {"answer": answer})
+
+
 def main() -> None:
+    global _CLOCK
+    _look_after_itself(float(sys.argv[1]) if len(sys.argv) > 1 else 600.0)
     request = json.loads(sys.stdin.readline())
     out = sys.stdout
     sys.stdout = sys.stderr  # nothing else may write to the parent's pipe
     os.close(0)
     _limit_memory(request["address_space"])
+    _CLOCK = _Clock(request["seconds"])
     import duckdb
 
     try:
-        (_convert if request["op"] == "convert" else _query)(request, out)
+        {"convert": _convert, "query": _query, "slice": _slice}[request["op"]](request, out)
+    except duckdb.InterruptException as exc:
+        kind = "time" if _CLOCK.expired else "duckdb"
+        _send(out, {"error": str(exc).splitlines()[0], "kind": kind})
     except duckdb.PermissionException as exc:
         _send(out, {"error": str(exc).splitlines()[0], "kind": "permission"})
     except duckdb.OutOfMemoryException as exc:
@@ -133,7 +294,11 @@ def main() -> None:
     except duckdb.Error as exc:
         _send(out, {"error": str(exc).splitlines()[0], "kind": "duckdb"})
     except Exception as exc:  # a loader's own failure (broken JSON, ...): said, never a traceback
-        _send(out, {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", "kind": "load"})
+        _send(out, {"error": f"{type(exc).__name__}: {_first_line(exc)}", "kind": "load"})
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else ""
 
 
 if __name__ == "__main__":

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import json
+import os
+import tempfile
+import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
 
+import plugins.offload.explore as explore
 import plugins.offload.query as query
-from gateway.args import Args
+from gateway.args import Args, ToolInputError
 from gateway.services.files import temp_beside
 from gateway.services.responses import ResponseStore
 from plugins.offload.explore import Explorer
+from plugins.offload.json_file import SMALL_FILE
+from plugins.offload.paths import PathError
 
 
 @pytest.fixture
@@ -65,3 +72,105 @@ def test_a_conversion_needing_more_than_the_small_limit_still_gets_its_tables(
     saved = store.save_text("t", json.dumps(rows), "json")
     answer = _ask((Explorer(store), saved.id), "SELECT count(*), max(length(body)) FROM items")
     assert answer.get("rows") == [[400, len("가나다 " * 30_000)]], answer
+
+
+def test_saved_rows_name_each_column_once_and_read_back(explorer: tuple[Explorer, str]) -> None:
+    """A long column name is written once, not once a row (20,000 rows of one integer were 380 MB)."""
+    name = "n" * 2000
+    answer = _ask(explorer, f'SELECT i AS "{name}" FROM range(20000) t(i)')
+    assert answer["row_count"] == 20000
+    assert Path(answer["fileRef"]["path"]).stat().st_size < 1024 * 1024  # was 40 MB
+    tool, _ = explorer
+    saved = _ask((tool, answer["fileRef"]["id"]), f'SELECT count(*), sum("{name}") AS s FROM items')
+    assert saved["rows"] == [[20000, sum(range(20000))]]
+    nxt = answer["fileRef"]["next"].split("sql='", 1)[1].rstrip("')")
+    assert _ask((tool, answer["fileRef"]["id"]), nxt, 2000)["rows"][0][1] == len(answer["rows"])
+
+
+def test_a_saved_answer_is_cut_at_its_byte_cap(explorer: tuple[Explorer, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(explore, "SAVED_BYTES", 3 * 1024 * 1024)
+    answer = _ask(explorer, "SELECT i, repeat('x', 1000) AS s FROM range(20000) t(i)")
+    assert str(answer["row_count"]).startswith("more than ") and "saved rows stop at" in answer["note"]
+    assert Path(answer["fileRef"]["path"]).stat().st_size < 5 * 1024 * 1024
+
+
+def test_a_cache_miss_reuses_the_tables_beside_the_result(explorer: tuple[Explorer, str]) -> None:
+    """Another process (or a full cache) finds the DuckDB file and its profile: no second conversion."""
+    tool, rid = explorer
+    result = tool.store.resolve(rid)
+    tables = query.build(result, "json")
+    before = query.db_path(result).stat()
+    query._TABLES.clear()
+    assert query.build(result, "json") == tables
+    after = query.db_path(result).stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert _ask(explorer, "SELECT count(*) FROM items")["rows"] == [[10]]
+
+
+def test_a_row_batch_never_grows_past_its_bytes(explorer: tuple[Explorer, str]) -> None:
+    """A tiny first row then wide ones: no line of hundreds of MB reaches the gateway."""
+    tool, rid = explorer
+    result = tool.store.resolve(rid)
+    sql = "SELECT CASE WHEN i = 0 THEN '' ELSE repeat('x', 100000) END AS s FROM range(500) t(i)"
+    longest, count = 0, 0
+    with query.execute(result, "json", sql) as (_, rows):
+        for _ in rows:
+            count += 1
+            longest = max(longest, rows.worker.size)
+    assert count == 500 and longest < 16 * 1024 * 1024  # was one line of 50 MB
+    with pytest.raises(query.QueryError, match="one row of the answer is"):
+        with query.execute(result, "json", "SELECT repeat('x', 20000000) AS s") as (_, rows):
+            list(rows)
+
+
+def test_copy_and_attach_are_refused_and_spill_files_are_the_querys_own(
+    explorer: tuple[Explorer, str], tmp_path: Path
+) -> None:
+    tool, rid = explorer
+    result = tool.store.resolve(rid)
+    query.build(result, "json")
+    spill = result.with_name(f".{result.name}.duckdb.tmp")
+    for sql in (f"COPY (SELECT 1) TO '{spill}/x.csv'", f"ATTACH '{tmp_path}/other.db'", "INSTALL httpfs"):
+        with pytest.raises(ToolInputError, match="not allowed"):
+            _ask(explorer, sql)
+    assert not (spill / "x.csv").exists() and not (tmp_path / "other.db").exists()
+    _ask(explorer, "SELECT count(*) FROM items")
+    assert not list(Path(tempfile.gettempdir()).glob(f"ctx-sql-{os.getpid()}-*"))  # removed with its query
+
+
+def test_the_time_limit_counts_the_computation_not_the_reading(
+    explorer: tuple[Explorer, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A caller that reads (saves) slowly still gets every row: its own reading is not the query's time."""
+    monkeypatch.setattr(query, "QUERY_SECONDS", 2.0)
+    tool, rid = explorer
+    result = tool.store.resolve(rid)
+    count = 0
+    with query.execute(result, "json", "SELECT i, repeat('y', 5000) FROM range(4000) t(i)") as (_, rows):
+        for i, _row in enumerate(rows):
+            count += 1
+            if i % 500 == 0:
+                time.sleep(0.5)  # a slow disk while the rows are saved
+    assert count == 4000
+    with pytest.raises(query.QueryError, match="ran longer than 2 s"):
+        with query.execute(result, "json", "SELECT count(*) FROM range(100000000) a, range(1000) b") as (_, rows):
+            list(rows)
+
+
+def test_a_recursive_json_path_over_a_large_result_runs_in_a_worker(tmp_path: Path) -> None:
+    """`data..*` over 6 MB built ~90 MB of Python objects in the gateway (931 MB for a larger result)."""
+    store = ResponseStore(tmp_path)
+    data = {"data": [{"id": i, "tags": ["a", "b"], "text": "x" * 100} for i in range(40_000)]}
+    saved = store.save_text("t", json.dumps(data), "json")
+    assert saved.size > SMALL_FILE
+    tool = Explorer(store)
+    tracemalloc.start()
+    try:
+        answer = tool.slice(Args({"path": saved.id, "json_path": "data..*"}, "t"), 500)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert answer["total"] == 240_000 and answer["shown"] < answer["total"] and "the rest" in answer["note"]
+    assert peak < 20 * 1024 * 1024  # the worker's memory, not this process's
+    with pytest.raises(PathError, match="invalid JSONPath"):  # said as in the gateway's own process
+        tool.slice(Args({"path": saved.id, "json_path": "data[?(@.id =="}, "t"), 500)
