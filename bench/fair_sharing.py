@@ -25,8 +25,19 @@ import anyio
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from common import table
-from conftest import wait_listening
-from fair_load import BOB, Heavy, Plain, gateway_command, heavy_work, pct, plain_calls, rss, small_result, tenant
+from conftest import peak_rss, rss, wait_listening
+from fair_load import (
+    BOB,
+    Heavy,
+    Plain,
+    big_result,
+    gateway_command,
+    heavy_work,
+    pct,
+    plain_calls,
+    small_result,
+    tenant,
+)
 
 
 def row(label: str, plain: Plain) -> list[str]:
@@ -45,20 +56,21 @@ async def measure(url: str, pid: int, notes: int, idle_calls: int) -> None:
     idle, loaded, heavy = Plain(), Plain(), Heavy()
     async with tenant(url, BOB) as bob:
         small = await small_result(bob)
+        rid = await big_result(url)
         await plain_calls(bob, small, idle, lambda: len(idle.latencies) + len(idle.failures) >= idle_calls)
-        before, _ = rss(pid)
+        before = rss(pid)
         done = anyio.Event()
         async with anyio.create_task_group() as tg:
 
             async def alice() -> None:
                 try:
-                    await heavy_work(url, heavy, notes=notes)
+                    await heavy_work(url, heavy, rid, notes=notes)
                 finally:
                     done.set()
 
             tg.start_soon(alice)
             await plain_calls(bob, small, loaded, done.is_set)
-        _, peak = rss(pid)
+        peak = peak_rss(pid)
     opened_after = "yes"
     try:
         with anyio.fail_after(10):

@@ -14,8 +14,19 @@ from pathlib import Path
 
 import anyio
 import pytest
-from conftest import PY, gateway_env, wait_listening
-from fair_load import BOB, Heavy, Plain, gateway_command, heavy_work, pct, plain_calls, rss, small_result, tenant
+from conftest import PY, gateway_env, peak_rss, rss, wait_listening
+from fair_load import (
+    BOB,
+    Heavy,
+    Plain,
+    big_result,
+    gateway_command,
+    heavy_work,
+    pct,
+    plain_calls,
+    small_result,
+    tenant,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.skipif(sys.platform != "linux", reason="reads /proc for memory")]
 
@@ -32,6 +43,7 @@ async def test_one_tenants_heavy_work_never_stalls_another(tmp_path: Path) -> No
         idle, loaded, heavy = Plain(), Plain(), Heavy()
         async with tenant(url, BOB) as bob:
             small = await small_result(bob)
+            rid = await big_result(url)
             with anyio.fail_after(60):  # bob alone: his own floor on this machine
                 count = 0
 
@@ -41,20 +53,20 @@ async def test_one_tenants_heavy_work_never_stalls_another(tmp_path: Path) -> No
                     return count > 60
 
                 await plain_calls(bob, small, idle, enough)
-            before, _ = rss(proc.pid)
+            before = rss(proc.pid)
             done = anyio.Event()
             with anyio.fail_after(600):
                 async with anyio.create_task_group() as tg:
 
                     async def alice() -> None:
                         try:
-                            await heavy_work(url, heavy)
+                            await heavy_work(url, heavy, rid)
                         finally:
                             done.set()
 
                     tg.start_soon(alice)
                     await plain_calls(bob, small, loaded, done.is_set)
-            _, peak = rss(proc.pid)
+            peak = peak_rss(proc.pid)
         async with tenant(url, BOB) as again:  # a new session of bob's after alice's flood
             assert not (await again.call_tool("p__echo", {"text": "after"})).is_error
     finally:
@@ -65,7 +77,7 @@ async def test_one_tenants_heavy_work_never_stalls_another(tmp_path: Path) -> No
         f"ms, p99 {pct(loaded.latencies, 0.99) * 1000:.0f} ms, max {max(loaded.latencies) * 1000:.0f} ms over "
         f"{len(loaded.latencies)} calls; alice {heavy.answered} answered, {heavy.busy} told to wait, steps "
         f"{[(s, round(t, 1)) for s, t in heavy.steps]}; sessions {heavy.sessions_opened} opened, "
-        f"{heavy.sessions_refused} refused, her first then {heavy.first_flood_session_status}; gateway RSS {before >> 20} MB, peak {peak >> 20} MB"
+        f"{heavy.sessions_refused} refused, her first then {heavy.first_flood_session_status}; gateway RSS {before >> 20} MB, peak {peak >> 20} MB; bob's slowest {loaded.slowest()}"
     )
     print(report)
     assert not idle.failures and not loaded.failures, (idle.failures + loaded.failures)[:5]
