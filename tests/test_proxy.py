@@ -25,6 +25,7 @@ from conftest import (
     probe,
     run_cli,
     text_of,
+    wait_listening,
     write_config,
 )
 from mcp import ClientSession, MCPError, StdioServerParameters, stdio_client
@@ -244,6 +245,41 @@ async def test_http_upstream_and_reinitialize_after_restart(tmp_path: Path) -> N
                 while (r := await call(session, "web__whoami")).is_error:
                     await anyio.sleep(0.3)
             assert text_of(r) == "web"
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+async def test_an_sse_upstream(tmp_path: Path) -> None:
+    """A server on the older HTTP+SSE transport (protocol 2024-11-05, which many still serve): with
+    transport = "sse" it is listed and called, and a large result streams to a file; at the Streamable
+    HTTP default its /sse URL fails with one line saying what to set. A host's mcp.json entry
+    `"type": "sse"` works as --config."""
+    port = free_port()
+    server = subprocess.Popen([PY, PROBE, "--name", "old", "--sse", str(port)], stdin=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/sse"
+    try:
+        wait_listening(f"http://127.0.0.1:{port}/nothing", server)
+        servers = {"old": {"url": url, "transport": "sse"}, "unsaid": {"url": url}}
+        async with inproc(make_settings(tmp_path, servers, plugins=["offload"])) as (gateway, session):
+            await eventually(lambda: gateway.upstreams["old"].state == "ok", 20, "the SSE upstream is ready")
+            assert text_of(await call(session, "old__whoami")) == "old"
+            assert (await call(session, "old__add", {"a": 1, "b": 2})).structured_content == {"sum": 3.0}
+            for size in (2_000_000, 6_000_000):  # over the SSE client's 1 MiB an event; over the spill threshold
+                reply = json.loads(text_of(await call(session, "old__big", {"size": size})))
+                saved = json.loads(Path(reply["fileRef"]["path"]).read_text())
+                assert saved["meta"]["n"] == len(saved["data"]) == size // 80
+            assert gateway.spiller is not None and gateway.spiller.spooled == 1, "the long event went through the spool"
+            await eventually(lambda: gateway.upstreams["unsaid"].state == "failed", 20, "Streamable HTTP is refused")
+            error = gateway.upstreams["unsaid"].error
+            assert "HTTP 405" in error and 'set transport = "sse" in [servers.unsaid]' in error, error
+        host_config = tmp_path / "mcp.json"
+        host_config.write_text(json.dumps({"mcpServers": {"old": {"type": "sse", "url": url}}}))
+        env = {"CTX_WORKSPACE": str(tmp_path / "ws2"), "CTX_LLM_BASE_URL": "http://127.0.0.1:9/v1"}
+        out = await anyio.to_thread.run_sync(lambda: run_cli("inspect", "--config", str(host_config), **env))
+        assert out.returncode == 0, out.stdout + out.stderr
+        row = next(line.split() for line in out.stdout.splitlines() if line.startswith("old "))
+        assert row[1:3] == ["sse", "ok"], out.stdout
     finally:
         server.terminate()
         server.wait(10)
