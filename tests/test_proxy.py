@@ -383,6 +383,40 @@ async def test_filters_env_expansion_and_unknown_tool(tmp_path: Path, monkeypatc
         assert unknown.is_error and "Unknown tool" in text_of(unknown)
 
 
+async def test_tool_overrides_rename_and_describe(tmp_path: Path) -> None:
+    """`tools = { rename, describe }`: the host sees a tool by its new name and description, in direct and
+    catalog mode; a call by the new name reaches the upstream by its own; include keeps the own names. A
+    rename naming no tool, or giving a name another tool shows, is a one-line config problem."""
+    tools = {"include": ["echo", "add"], "rename": {"echo": "say"}, "describe": {"echo": "Say it back."}}
+    settings = make_settings(tmp_path, {"p": probe("p", tools=tools)})
+    async with inproc(settings) as (gateway, session):
+        listed = {t.name: t for t in await list_all_tools(session)}
+        assert {n for n in listed if n.startswith("p__")} == {"p__say", "p__add"}
+        assert listed["p__say"].description == "Say it back."
+        assert listed["p__say"].input_schema["properties"] == {"text": {"type": "string"}}
+        assert text_of(await call(session, "p__say", {"text": "hi"})) == "hi"
+        assert (await call(session, "p__echo", {"text": "hi"})).is_error
+        assert gateway.routing.config_problems == []
+    catalog = make_settings(tmp_path, {"p": probe("p", tools=tools)}, tool_mode="catalog")
+    async with inproc(catalog) as (_, session):
+        found = (await call(session, "tool_search", {"query": "say it back"})).structured_content["tools"]
+        assert found[0]["name"] == "p__say", found
+        schema = (await call(session, "tool_schema", {"name": "p__say"})).structured_content
+        assert schema["description"] == "Say it back."
+        via = await call(session, "tool_call", {"name": "p__say", "arguments": {"text": "via catalog"}})
+        assert text_of(via) == "via catalog"
+    wrong = {"rename": {"ecko": "say", "add": "whoami"}, "describe": {"pingg": "x"}}
+    out = await anyio.to_thread.run_sync(
+        lambda: run_cli("inspect", "--config", str(write_config(tmp_path, {"p": probe("p", tools=wrong)})))
+    )
+    assert out.returncode == 2, out.stdout + out.stderr
+    report = " ".join(out.stdout.split())
+    assert "config: server 'p': tools.rename names 'ecko', which it does not list (did you mean 'echo'?)" in report
+    assert "tools.describe names 'pingg'" in report
+    assert "tools.rename 'add' = 'whoami' collides with its tool 'whoami': choose another name" in report
+    assert "Traceback" not in out.stderr
+
+
 async def test_collisions_are_reported_never_dropped(tmp_path: Path) -> None:
     settings = make_settings(tmp_path, {"a": probe("a", prefix=False), "b": probe("b", prefix=False)})
     async with inproc(settings) as (gateway, session):
