@@ -91,12 +91,13 @@ class ToolFilter(BaseModel):
 
     @model_validator(mode="after")
     def _overrides(self) -> ToolFilter:
+        given: set[str] = set()
         for old, new in self.rename.items():
             if not TOOL_NAME.fullmatch(new):
                 raise ValueError(f"tools.rename {old!r} = {new!r}: use 1-64 letters, digits, '_' or '-'")
-        twice = sorted({new for new in self.rename.values() if list(self.rename.values()).count(new) > 1})
-        if twice:
-            raise ValueError(f"tools.rename gives several tools the name {twice[0]!r}: give each its own")
+            if new in given:
+                raise ValueError(f"tools.rename gives several tools the name {new!r}: give each its own")
+            given.add(new)
         if empty := [old for old, text in self.describe.items() if not text.strip()]:
             raise ValueError(f"tools.describe {empty[0]!r} is empty: give a description, or leave the key out")
         return self
