@@ -175,6 +175,17 @@ def late_response(awaits: Callable[[Any], bool] | None, message: Any) -> bool:
     return not awaits(message.get("id"))
 
 
+def sse_client_events_unlimited() -> None:
+    """The SDK's legacy SSE client reads its event stream through `sse_within_origin` at the default cap of
+    1 MiB an event, with no parameter to lift it (Streamable HTTP has `max_sse_event_size`): a result over
+    1 MiB would end the connection. Lifted as for Streamable HTTP; events over the spill threshold are
+    spooled to disk before they get there."""
+    import mcp.client.sse as sse
+    from mcp.shared import _httpx_utils
+
+    sse.sse_within_origin = functools.partial(_httpx_utils.sse_within_origin, max_event_size=None)  # type: ignore[attr-defined]
+
+
 def http_session_transport(manager: Any, session_id: str) -> Any | None:
     """The SDK's transport of a live session-bound (handshake-era) HTTP session: the session manager's
     table of sessions and the transport's idle accounting are private. None when the session is

@@ -71,22 +71,60 @@ def expand_vars(value: str) -> str:
     return _VAR.sub(sub, value)
 
 
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # what hosts accept as a tool name
+
+
 class ToolFilter(BaseModel):
+    """`tools = {...}` of a server. Every key names the upstream's own tool names: include, exclude, and
+    the overrides of what the host is shown (rename, describe)."""
+
     model_config = ConfigDict(extra="forbid")
     include: list[str] = Field(default_factory=list)
     exclude: list[str] = Field(default_factory=list)
+    rename: dict[str, str] = Field(default_factory=dict)  # own name -> the name the host sees (before the prefix)
+    describe: dict[str, str] = Field(default_factory=dict)  # own name -> the description the host sees
 
     def allows(self, name: str) -> bool:
         if self.include and name not in self.include:
             return False
         return name not in self.exclude
 
+    @model_validator(mode="after")
+    def _overrides(self) -> ToolFilter:
+        given: set[str] = set()
+        for old, new in self.rename.items():
+            if not TOOL_NAME.fullmatch(new):
+                raise ValueError(f"tools.rename {old!r} = {new!r}: use 1-64 letters, digits, '_' or '-'")
+            if new in given:
+                raise ValueError(f"tools.rename gives several tools the name {new!r}: give each its own")
+            given.add(new)
+        if empty := [old for old, text in self.describe.items() if not text.strip()]:
+            raise ValueError(f"tools.describe {empty[0]!r} is empty: give a description, or leave the key out")
+        return self
+
 
 OffloadPolicy = Literal["auto", "never", "always"]
 
 
+UpstreamTransport = Literal["stdio", "http", "sse"]
+# how hosts' mcp.json files spell a transport (`type`, `transport`, `transportType`), lower case, no - or _
+TRANSPORT_SPELLINGS: dict[str, UpstreamTransport] = {
+    "stdio": "stdio",
+    "http": "http",
+    "streamablehttp": "http",
+    "sse": "sse",
+}
+
+
+def transport_named(value: Any) -> Any:
+    """`streamable-http`, `streamableHttp`, `SSE`, ...: as the gateway names it (else unchanged)."""
+    if isinstance(value, str):
+        return TRANSPORT_SPELLINGS.get(re.sub(r"[-_\s]", "", value.lower()), value)
+    return value
+
+
 class ServerConfig(BaseModel):
-    """One upstream: stdio (`command`) or Streamable HTTP (`url`)."""
+    """One upstream: stdio (`command`) or HTTP (`url`): Streamable HTTP, or the older HTTP+SSE."""
 
     model_config = ConfigDict(extra="forbid")
     command: str = ""
@@ -94,6 +132,8 @@ class ServerConfig(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     cwd: str = ""
     url: str = ""
+    # stdio for `command`; for `url`: http (Streamable HTTP) unless "sse" (the 2024-11-05 HTTP+SSE transport)
+    transport: UpstreamTransport | None = None
     headers: dict[str, str] = Field(default_factory=dict)
     max_response_size: int | None = None
     max_response_tokens: int | None = None
@@ -117,6 +157,11 @@ class ServerConfig(BaseModel):
             raise ValueError(f"args is a list, one item per argument: args = {_toml_value(_words(value))}")
         return value
 
+    @field_validator("transport", mode="before")
+    @classmethod
+    def _transport_spelling(cls, value: Any) -> Any:
+        return transport_named(value)
+
     def offload_policy(self, tool: str) -> OffloadPolicy:
         """The offload policy for one of this server's tools (by its own name)."""
         return self.offload_tools.get(tool, self.offload)
@@ -125,6 +170,14 @@ class ServerConfig(BaseModel):
     def _one_transport(self) -> ServerConfig:
         if bool(self.command) == bool(self.url):
             raise ValueError("give either `command` (stdio) or `url` (Streamable HTTP), not both and not neither")
+        given = self.transport
+        self.transport = "stdio" if self.command else given or "http"
+        if given and (given == "stdio") != bool(self.command):
+            raise ValueError(
+                'transport "stdio" needs `command`; with `url` give transport = "http" (Streamable HTTP) or "sse"'
+                if self.url
+                else f'transport "{given}" needs `url`; a `command` is spoken to over stdio (leave transport out)'
+            )
         if self.cwd and "${" not in self.cwd:
             folder = Path(os.path.expanduser(self.cwd))
             if not folder.is_dir():
@@ -139,10 +192,6 @@ class ServerConfig(BaseModel):
         if self.timeout_seconds <= 0 or self.init_timeout_seconds <= 0:
             raise ValueError("timeout_seconds and init_timeout_seconds must be positive")
         return self
-
-    @property
-    def transport(self) -> str:
-        return "stdio" if self.command else "http"
 
     def command_problem(self) -> str | None:
         """Why `command` cannot be started from here (not on PATH, not a file), with what to do; or None."""
@@ -616,6 +665,9 @@ def servers_from_mcp_json(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
             out["url"] = entry.get("url") or entry.get("serverUrl")
             if entry.get("headers"):
                 out["headers"] = entry["headers"]
+            kind = entry.get("type") or entry.get("transport") or entry.get("transportType")
+            if transport_named(kind) == "sse":  # else Streamable HTTP, the default for a url
+                out["transport"] = "sse"
         else:
             raise ConfigError(f"mcp.json server {raw_name!r} has neither `command` nor `url`")
         if entry.get("disabled"):

@@ -141,6 +141,9 @@ def test_mcp_json_config_and_import(tmp_path: Path, monkeypatch: pytest.MonkeyPa
             "my probe": {"command": PY, "args": probe("x")["args"], "env": {"A": "1"}},
             "remote": {"url": "http://127.0.0.1:9/mcp", "headers": {"Authorization": "Bearer ${TOKEN}"}},
             "old-sse": {"type": "sse", "url": "http://127.0.0.1:9/sse"},
+            "sse-too": {"transport": "SSE", "url": "http://127.0.0.1:9/events"},
+            "streamable": {"type": "streamable-http", "url": "http://127.0.0.1:9/mcp"},
+            "unsaid": {"url": "http://127.0.0.1:9/sse"},
             "needs-npx": {"command": "npx-not-installed", "args": ["-y", "some-server"]},
         }
     }
@@ -154,7 +157,7 @@ def test_mcp_json_config_and_import(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert "# ingest_roots = " in out.stdout
     warnings = out.stderr.splitlines()
     assert any("'my probe' is named 'my-probe'" in w for w in warnings)
-    assert any("'old-sse' uses the SSE transport" in w for w in warnings)
+    assert any("'unsaid': its URL ends in /sse" in w and 'transport = "sse"' in w for w in warnings)
     assert any("'needs-npx': command not found: npx-not-installed" in w for w in warnings)
     assert len(warnings) == 3
     # the TOML it prints is a working config, and the mcp.json itself works as --config
@@ -162,7 +165,10 @@ def test_mcp_json_config_and_import(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
     converted = tomllib.loads(out.stdout)
     assert converted["servers"]["my-probe"]["env"] == {"A": "1"}
-    assert converted["servers"]["old-sse"]["enabled"] is False
+    # an SSE server, however the host spells it, is written enabled with its transport
+    assert converted["servers"]["old-sse"] == {"url": "http://127.0.0.1:9/sse", "transport": "sse"}
+    assert converted["servers"]["sse-too"]["transport"] == "sse"
+    assert "transport" not in converted["servers"]["streamable"] and "transport" not in converted["servers"]["unsaid"]
     toml_path = tmp_path / "gateway.toml"
     toml_path.write_text(out.stdout)
     assert load_settings_ok(toml_path)
@@ -172,6 +178,7 @@ def test_mcp_json_config_and_import(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     settings = load_settings(path, environ={})
     assert settings.servers["my-probe"].command == PY
     assert settings.servers["remote"].expanded().headers["Authorization"] == "Bearer x"
+    assert settings.servers["old-sse"].transport == "sse" and settings.servers["streamable"].transport == "http"
 
 
 def load_settings_ok(path: Path) -> bool:

@@ -25,6 +25,7 @@ from conftest import (
     probe,
     run_cli,
     text_of,
+    wait_listening,
     write_config,
 )
 from mcp import ClientSession, MCPError, StdioServerParameters, stdio_client
@@ -249,6 +250,41 @@ async def test_http_upstream_and_reinitialize_after_restart(tmp_path: Path) -> N
         server.wait(10)
 
 
+async def test_an_sse_upstream(tmp_path: Path) -> None:
+    """A server on the older HTTP+SSE transport (protocol 2024-11-05, which many still serve): with
+    transport = "sse" it is listed and called, and a large result streams to a file; at the Streamable
+    HTTP default its /sse URL fails with one line saying what to set. A host's mcp.json entry
+    `"type": "sse"` works as --config."""
+    port = free_port()
+    server = subprocess.Popen([PY, PROBE, "--name", "old", "--sse", str(port)], stdin=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/sse"
+    try:
+        wait_listening(f"http://127.0.0.1:{port}/nothing", server)
+        servers = {"old": {"url": url, "transport": "sse"}, "unsaid": {"url": url}}
+        async with inproc(make_settings(tmp_path, servers, plugins=["offload"])) as (gateway, session):
+            await eventually(lambda: gateway.upstreams["old"].state == "ok", 20, "the SSE upstream is ready")
+            assert text_of(await call(session, "old__whoami")) == "old"
+            assert (await call(session, "old__add", {"a": 1, "b": 2})).structured_content == {"sum": 3.0}
+            for size in (2_000_000, 6_000_000):  # over the SSE client's 1 MiB an event; over the spill threshold
+                reply = json.loads(text_of(await call(session, "old__big", {"size": size})))
+                saved = json.loads(Path(reply["fileRef"]["path"]).read_text())
+                assert saved["meta"]["n"] == len(saved["data"]) == size // 80
+            assert gateway.spiller is not None and gateway.spiller.spooled == 1, "the long event went through the spool"
+            await eventually(lambda: gateway.upstreams["unsaid"].state == "failed", 20, "Streamable HTTP is refused")
+            error = gateway.upstreams["unsaid"].error
+            assert "HTTP 405" in error and 'set transport = "sse" in [servers.unsaid]' in error, error
+        host_config = tmp_path / "mcp.json"
+        host_config.write_text(json.dumps({"mcpServers": {"old": {"type": "sse", "url": url}}}))
+        env = {"CTX_WORKSPACE": str(tmp_path / "ws2"), "CTX_LLM_BASE_URL": "http://127.0.0.1:9/v1"}
+        out = await anyio.to_thread.run_sync(lambda: run_cli("inspect", "--config", str(host_config), **env))
+        assert out.returncode == 0, out.stdout + out.stderr
+        row = next(line.split() for line in out.stdout.splitlines() if line.startswith("old "))
+        assert row[1:3] == ["sse", "ok"], out.stdout
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
 async def test_a_late_reply_over_http_to_a_cancelled_call_leaves_no_files(tmp_path: Path) -> None:
     """A 2025-era HTTP upstream deaf to cancels sends its 6 MB reply after the host gave up: the reply is
     spooled as it streams, the SDK drops it, and its files go with it (they stayed for 15 minutes)."""
@@ -345,6 +381,40 @@ async def test_filters_env_expansion_and_unknown_tool(tmp_path: Path, monkeypatc
         assert text_of(await call(session, "p__env", {"name": "PROBE_SECRET"})) == ""
         unknown = await call(session, "nope__tool")
         assert unknown.is_error and "Unknown tool" in text_of(unknown)
+
+
+async def test_tool_overrides_rename_and_describe(tmp_path: Path) -> None:
+    """`tools = { rename, describe }`: the host sees a tool by its new name and description, in direct and
+    catalog mode; a call by the new name reaches the upstream by its own; include keeps the own names. A
+    rename naming no tool, or giving a name another tool shows, is a one-line config problem."""
+    tools = {"include": ["echo", "add"], "rename": {"echo": "say"}, "describe": {"echo": "Say it back."}}
+    settings = make_settings(tmp_path, {"p": probe("p", tools=tools)})
+    async with inproc(settings) as (gateway, session):
+        listed = {t.name: t for t in await list_all_tools(session)}
+        assert {n for n in listed if n.startswith("p__")} == {"p__say", "p__add"}
+        assert listed["p__say"].description == "Say it back."
+        assert listed["p__say"].input_schema["properties"] == {"text": {"type": "string"}}
+        assert text_of(await call(session, "p__say", {"text": "hi"})) == "hi"
+        assert (await call(session, "p__echo", {"text": "hi"})).is_error
+        assert gateway.routing.config_problems == []
+    catalog = make_settings(tmp_path, {"p": probe("p", tools=tools)}, tool_mode="catalog")
+    async with inproc(catalog) as (_, session):
+        found = (await call(session, "tool_search", {"query": "say it back"})).structured_content["tools"]
+        assert found[0]["name"] == "p__say", found
+        schema = (await call(session, "tool_schema", {"name": "p__say"})).structured_content
+        assert schema["description"] == "Say it back."
+        via = await call(session, "tool_call", {"name": "p__say", "arguments": {"text": "via catalog"}})
+        assert text_of(via) == "via catalog"
+    wrong = {"rename": {"ecko": "say", "add": "whoami"}, "describe": {"pingg": "x"}}
+    out = await anyio.to_thread.run_sync(
+        lambda: run_cli("inspect", "--config", str(write_config(tmp_path, {"p": probe("p", tools=wrong)})))
+    )
+    assert out.returncode == 2, out.stdout + out.stderr
+    report = " ".join(out.stdout.split())
+    assert "config: server 'p': tools.rename names 'ecko', which it does not list (did you mean 'echo'?)" in report
+    assert "tools.describe names 'pingg'" in report
+    assert "tools.rename 'add' = 'whoami' collides with its tool 'whoami': choose another name" in report
+    assert "Traceback" not in out.stderr
 
 
 async def test_collisions_are_reported_never_dropped(tmp_path: Path) -> None:

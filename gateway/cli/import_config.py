@@ -41,21 +41,18 @@ HEADER = """\
 def _warnings(raw: dict[str, Any], servers: dict[str, dict[str, Any]]) -> list[str]:
     entries = raw.get("mcpServers", raw.get("servers")) or {}
     out = []
-    for (raw_name, entry), (name, table) in zip(entries.items(), servers.items(), strict=True):
+    for raw_name, (name, table) in zip(entries, servers.items(), strict=True):
         if raw_name != name:
             out.append(
                 f"server {raw_name!r} is named {name!r} here (letters, digits, '-' and single '_'): its tools are "
                 f"shown as {name}__<tool>"
             )
-        kind = str(entry.get("type") or entry.get("transport") or "").lower()
         url = table.get("url", "")
-        if kind == "sse" or (url and urlparse(url).path.rstrip("/").endswith("/sse")):
-            table["enabled"] = False
+        if url and table.get("transport") != "sse" and urlparse(url).path.rstrip("/").endswith("/sse"):
             out.append(
-                f"server {name!r} uses the SSE transport, which the gateway does not support: it is written with "
-                "enabled = false; give its Streamable HTTP URL (often ending in /mcp), or run it over stdio"
+                f"server {name!r}: its URL ends in /sse but its entry names no transport: it is written for "
+                'Streamable HTTP; if the server speaks only the older SSE transport, add transport = "sse"'
             )
-            continue
         try:
             cfg = ServerConfig.model_validate(table)
         except ValidationError as exc:

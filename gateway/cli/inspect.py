@@ -1,7 +1,8 @@
 """`inspect`: start every upstream, report state and what the host would receive.
 
 Exit status: 0 every server is up; 1 a server failed to start otherwise (or a tool was left out); 2 the
-setup is wrong (a command not on PATH, a server that exits at once), as for a config error.
+setup is wrong (a command not on PATH, a server that exits at once, a tool override naming no tool), as for
+a config error.
 """
 
 from __future__ import annotations
@@ -77,6 +78,9 @@ async def inspect_report(settings: Settings, verbose: bool = False) -> tuple[str
         for line in gateway.routing.dropped:
             status = max(status, 1)
             notes.append(line)
+        for line in gateway.routing.config_problems:
+            status = 2  # the config must change
+            notes.append(f"config: {line}")
         for line in gateway.routing.changed.values():
             notes.append(f"changed: {line} ({gateway.routing.ledger.accept} to accept)")
         for name, why in gateway.pipeline.failed.items():

@@ -37,7 +37,17 @@ log = logging.getLogger("gateway.reload")
 # [gateway] keys read at each use (window, limits, tool mode): they change without a restart
 LIVE_GATEWAY_KEYS = ("budget", "context_window", "max_response_size", "max_response_tokens", "tool_mode")
 # what a running upstream connection was made from: a change means stopping it and starting anew
-CONNECTION_KEYS = ("command", "args", "env", "cwd", "url", "headers", "init_timeout_seconds", "ping_seconds")
+CONNECTION_KEYS = (
+    "command",
+    "args",
+    "env",
+    "cwd",
+    "url",
+    "transport",
+    "headers",
+    "init_timeout_seconds",
+    "ping_seconds",
+)
 DEBOUNCE_MS = 300  # editors write a file in several steps (truncate, write, rename)
 # how long a file must stay unchanged before it is applied: editors finish a save in milliseconds,
 # a script writing in pieces or a network file system within a few hundred

@@ -6,6 +6,7 @@ which is reversible without a lookup table.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import logging
 import re
@@ -78,6 +79,7 @@ class RoutingTable:
         self.collisions: list[str] = []
         self.dropped: list[str] = []  # definitions repaired, or left out because hosts would reject them
         self.changed: dict[str, str] = {}  # host-facing name -> how its definition changed since first seen
+        self.config_problems: list[str] = []  # tool overrides that name no tool, or give a name already taken
         self.frozen = settings.gateway.freeze_definitions
         self.ledger = DefinitionLedger(settings.gateway.workspace / "definitions.json", Storage(settings.storage))
         self._checked: dict[tuple[str, str], str | None] = {}  # (server, definition) -> wire problem
@@ -91,6 +93,33 @@ class RoutingTable:
     def _exposed(self, server: str, name: str, prefixed: bool) -> str:
         return safe_name(f"{server}{self.sep}{name}" if prefixed else name)
 
+    @staticmethod
+    def _overrides(server: str, up: Upstream, problems: list[str]) -> dict[str, str]:
+        """The names the host sees for `server`'s renamed tools (own name -> new name). A rename or
+        description of a tool the server does not list, or a rename to a name another of its tools
+        shows, is a config problem (the tool keeps its own name)."""
+        rules = up.config.tools
+        listed = {t.name for t in up.tools}
+        if up.state == "ok":  # its listing is known
+            for table, names in (("rename", rules.rename), ("describe", rules.describe)):
+                for old in sorted(set(names) - listed):
+                    close = difflib.get_close_matches(old, sorted(listed), n=1)
+                    hint = f" (did you mean {close[0]!r}?)" if close else ""
+                    problems.append(
+                        f"server '{server}': tools.{table} names {old!r}, which it does not list{hint}: "
+                        "use its own tool names"
+                    )
+        shown = {n: rules.rename.get(n, n) for n in listed if rules.allows(n)}
+        for old, new in sorted(shown.items()):
+            other = next((n for n, s in shown.items() if s == new and n != old), None)
+            if old != new and other is not None:
+                problems.append(
+                    f"server '{server}': tools.rename {old!r} = {new!r} collides with its tool {other!r}: "
+                    "choose another name"
+                )
+                shown[old] = old
+        return {old: new for old, new in shown.items() if old != new}
+
     def rebuild(self) -> None:
         tools: dict[str, types.Tool] = {}
         routes: dict[str, Route] = {}
@@ -100,17 +129,19 @@ class RoutingTable:
         collisions: list[str] = []
         dropped: list[str] = []
         changed: dict[str, str] = {}
+        problems: list[str] = []
         # by name within each server (servers in config order): the merged list is byte-identical from
         # one listing to the next whatever order an upstream lists in (local models reuse their prompt
         # cache only then), and a name collision always resolves the same way
         for server, up in self.upstreams.items():
             cfg = up.config
+            shown = self._overrides(server, up, problems)
             for tool in sorted(up.tools, key=lambda t: t.name):
                 if not cfg.tools.allows(tool.name):
                     continue
-                name = self._exposed(server, tool.name, cfg.prefix)
+                name = self._exposed(server, shown.get(tool.name, tool.name), cfg.prefix)
                 if name in owners:
-                    alt = self._exposed(server, tool.name, True)
+                    alt = self._exposed(server, shown.get(tool.name, tool.name), True)
                     collisions.append(
                         f"tool name '{name}' of server '{server}' collides with {_owner(owners[name])}; "
                         f"shown as '{alt}' instead (set prefix = true on one of them)"
@@ -124,6 +155,8 @@ class RoutingTable:
                     if self.frozen and first:
                         tool = types.Tool.model_validate(first)  # the host keeps what it was first shown
                 repaired = repair_tool(tool, name)
+                if described := cfg.tools.describe.get(tool.name):
+                    repaired = repaired.model_copy(update={"description": described})
                 if repaired.input_schema != {**(tool.input_schema or {}), "type": "object"}:
                     dropped.append(f"tool '{tool.name}' of server '{server}': its input schema was repaired")
                 key = (server, repaired.model_dump_json())
@@ -149,6 +182,10 @@ class RoutingTable:
         for line in dropped:
             if line not in self.dropped:
                 log.error("%s", line)
+        for line in problems:
+            if line not in self.config_problems:
+                log.error("config: %s", line)
+        self.config_problems = problems
         self.dropped = dropped
         if len(self._checked) > 10_000:  # definitions of upstreams long gone
             self._checked.clear()

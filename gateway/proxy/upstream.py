@@ -18,11 +18,13 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlparse
 
 import anyio
 import httpx2
 import mcp_types as types
 from mcp import ClientSession, MCPError
+from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.message import ServerMessageMetadata
 from pydantic import ValidationError
@@ -118,6 +120,7 @@ class Upstream:
         self.roots_host = roots_host  # the host to ask for roots outside a call (the latest that has them)
         self.spiller = spiller  # long replies of a stdio or HTTP server are spooled to disk (bounded memory)
         self._spooling: SpoolingTransport | None = None  # an HTTP upstream's transport, while connected
+        self._http_refused = 0  # the first 4xx status an HTTP upstream answered a POST with, this connection
         self.config = config
         self.log_path = log_dir / f"{name}.log"
         self.on_change = on_change
@@ -247,13 +250,50 @@ class Upstream:
                     yield streams
         else:
             self._spooling = SpoolingTransport(self.spiller, on_bytes=self._heard)
+            self._http_refused = 0
+
+            async def refused(response: httpx2.Response) -> None:
+                if response.request.method == "POST" and 400 <= response.status_code < 500:
+                    self._http_refused = self._http_refused or response.status_code
+
+            def client(
+                headers: dict[str, str] | None = None, timeout: Any = None, auth: httpx2.Auth | None = None
+            ) -> httpx2.AsyncClient:
+                # no read limit: a long call's response, or the SSE stream between two events, may be quiet for
+                # long (the liveness ping notices a server that went away)
+                return httpx2.AsyncClient(
+                    headers=headers,
+                    auth=auth,
+                    timeout=httpx2.Timeout(30, read=None),
+                    transport=self._spooling,
+                    event_hooks={"response": [refused]},
+                )
+
+            if cfg.transport == "sse":  # the 2024-11-05 HTTP+SSE transport: a GET event stream, POSTs beside it
+                compat.sse_client_events_unlimited()
+                async with sse_client(cfg.url, headers=cfg.headers, httpx_client_factory=client) as streams:
+                    yield streams
+                return
             async with (
-                httpx2.AsyncClient(
-                    headers=cfg.headers, timeout=httpx2.Timeout(30, read=None), transport=self._spooling
-                ) as http,
+                client(cfg.headers) as http,
                 streamable_http_client(cfg.url, http_client=http, max_sse_event_size=None) as streams,
             ):
                 yield streams
+
+    def _http_refusal(self) -> str | None:
+        """Why an HTTP upstream refused the initialize POST (a 4xx, which the SDK reports only as an error
+        response), with what to do; None when it did not."""
+        status = self._http_refused
+        if self.transport != "http" or not status:
+            return None
+        if status == 405 or urlparse(self.config.url).path.rstrip("/").endswith("/sse"):
+            return (
+                f"it answered HTTP {status} to a Streamable HTTP POST: it likely speaks only the older SSE "
+                f'transport: set transport = "sse" in [servers.{self.name}]'
+            )
+        if status in (401, 403):
+            return f"it answered HTTP {status} (not authorized): check the token in headers"
+        return f"it answered HTTP {status} to a Streamable HTTP POST: check the url (it often ends in /mcp)"
 
     def _stderr_tail(self) -> str:
         """The most telling line the child wrote to stderr (the last that is not boilerplate such as npm's
@@ -306,6 +346,8 @@ class Upstream:
                     try:
                         init = await session.initialize()
                     except MCPError as exc:  # every MCP server answers initialize
+                        if refusal := self._http_refusal():
+                            raise ConnectionLost(refusal) from None
                         if exc.error.code != types.METHOD_NOT_FOUND:
                             raise
                         raise ConnectionLost(

@@ -1,9 +1,11 @@
-"""Upstream Streamable HTTP: huge response bodies spooled to disk as they stream, like stdio lines.
+"""Upstream HTTP (Streamable HTTP, or the older HTTP+SSE): huge response bodies spooled to disk as they
+stream, like stdio lines.
 
 The SDK reads a JSON response body whole (`aread`) and an SSE event's data as one string. Under
-the SDK's client, a transport wrapper rewrites each response body as it streams: a JSON body or an
-SSE `data:` line longer than the spiller's threshold is written to a spool file, read back with its
-long strings left on disk (`gateway.services.spill`) and passed on as the small JSON with markers.
+either of the SDK's HTTP clients, a transport wrapper rewrites each response body as it streams: a
+JSON body or an SSE `data:` line longer than the spiller's threshold is written to a spool file, read
+back with its long strings left on disk (`gateway.services.spill`) and passed on as the small JSON
+with markers.
 Everything shorter flows through unchanged, line by line, so progress events are not delayed.
 The same wrapper reports every response's bytes as they arrive: the health check's sign of life.
 """

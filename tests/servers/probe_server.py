@@ -1,6 +1,6 @@
 """A small real MCP server for the tests, written with the SDK's low-level Server.
 
-    python probe_server.py [--name NAME] [--http PORT] [--fail-start] [--extra-tools N]
+    python probe_server.py [--name NAME] [--http PORT | --sse PORT] [--fail-start] [--extra-tools N]
 
 Tools cover what a gateway must forward: text, structured content with an output schema,
 images, multi-block and error results, progress, slow and hanging calls, a crash, a
@@ -306,10 +306,32 @@ def build(name: str, extra_tools: int, shuffle: bool = False, mutate: str = "") 
     )
 
 
+def serve_sse(server: Server[Any], port: int) -> None:
+    """The 2024-11-05 HTTP+SSE transport, as the SDK serves it: an event stream at GET /sse whose first
+    event names the URL to POST messages to (/messages/?session_id=...)."""
+    import uvicorn
+    from mcp.server.sse import SseServerTransport
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Mount, Route
+
+    sse = SseServerTransport("/messages/")
+
+    async def stream(request: Request) -> Response:
+        async with sse.connect_sse(request.scope, request.receive, request._send) as (read, write):
+            await server.run(read, write, server.create_initialization_options())
+        return Response()
+
+    routes = [Route("/sse", stream, methods=["GET"]), Mount("/messages/", app=sse.handle_post_message)]
+    uvicorn.run(Starlette(routes=routes), host="127.0.0.1", port=port, log_level="warning")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--name", default="probe")
     parser.add_argument("--http", type=int, default=0)
+    parser.add_argument("--sse", type=int, default=0)  # the older HTTP+SSE transport: GET /sse, POST /messages/
     parser.add_argument("--fail-start", action="store_true")
     parser.add_argument("--hang-start", action="store_true")
     parser.add_argument("--start-delay", type=float, default=0.0)  # a slow start (npx downloading)
@@ -325,6 +347,9 @@ def main() -> None:
         sys.exit(7)
     print(f"probe {args.name} starting (pid {os.getpid()})", file=sys.stderr, flush=True)
     server = build(args.name, args.extra_tools, args.shuffle, args.mutate)
+    if args.sse:
+        serve_sse(server, args.sse)
+        return
     if args.http:
         import uvicorn
 

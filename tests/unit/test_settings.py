@@ -1,5 +1,6 @@
 """gateway.settings: file < environment < command line; plugin tables; host mcp.json; clear errors."""
 
+import json
 import re
 from pathlib import Path
 
@@ -36,6 +37,22 @@ def test_host_mcp_json(tmp_path: Path) -> None:
     assert load_settings(cfg, environ={}).servers["my-fs"].args == ["-y", "x"]
 
 
+def test_an_upstream_transport_as_hosts_spell_it(tmp_path: Path) -> None:
+    entries = {
+        "a": {"type": "sse", "url": "http://h/sse"},
+        "b": {"transport": "SSE", "url": "http://h/events"},
+        "c": {"transportType": "sse", "url": "http://h/x"},
+        "d": {"type": "streamable-http", "url": "http://h/mcp"},
+        "e": {"type": "streamableHttp", "url": "http://h/mcp"},
+        "f": {"type": "stdio", "command": "x"},
+    }
+    servers = load_settings(write(tmp_path, json.dumps({"mcpServers": entries}), "mcp.json"), environ={}).servers
+    expected = {"a": "sse", "b": "sse", "c": "sse", "d": "http", "e": "http", "f": "stdio"}
+    assert {name: cfg.transport for name, cfg in servers.items()} == expected
+    toml = load_settings(write(tmp_path, "[servers.t]\nurl = 'http://h/sse'\ntransport = 'sse'\n"), environ={})
+    assert toml.servers["t"].transport == "sse"
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -44,6 +61,13 @@ def test_host_mcp_json(tmp_path: Path) -> None:
         ("[servers.a]\ncommand = 'x'\nurl = 'http://y'\n", "give either `command`"),
         ("[gateway]\ntransport = 'http'\nhost = '0.0.0.0'\n", "set auth_token"),
         ("[gateway\n", "is not valid TOML"),
+        ("[servers.a]\nurl = 'http://y'\ntransport = 'stdio'\n", 'give transport = "http" (Streamable HTTP) or "sse"'),
+        ("[servers.a]\ncommand = 'x'\ntransport = 'sse'\n", 'transport "sse" needs `url`'),
+        (
+            "[servers.a]\ncommand = 'x'\ntools = { rename = { a = 'r', b = 'r' } }\n",
+            "tools.rename gives several tools the name 'r'",
+        ),
+        ("[servers.a]\ncommand = 'x'\ntools = { rename = { a = 'read file' } }\n", "use 1-64 letters"),
     ],
 )
 def test_errors_are_one_clear_message(tmp_path: Path, text: str, message: str) -> None:
