@@ -240,7 +240,7 @@ def test_every_argument_of_the_gateways_tools_says_what_it_is() -> None:
             if name in ("limit", "offset", "max_tokens", "start", "end", "keep_recent", "target_tokens"):
                 assert "default" in schema or schema.get("description"), (tool.name, name)
     paths = {t.name: t.input_schema["properties"].get("path", {}) for t in tools if t.name.startswith("response_")}
-    assert all("path the fileRef gives" in p["description"] for p in paths.values()), paths
+    assert all("fileRef id, or the path it gives" in p["description"] for p in paths.values()), paths
 
 
 async def test_a_fifo_in_place_of_the_bridge_file_never_stalls_the_gateway(tmp_path: Path) -> None:

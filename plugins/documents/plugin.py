@@ -263,8 +263,8 @@ class DocumentsPlugin(Plugin):
         return [
             tool(
                 "doc_ingest",
-                "Split a document (file_path under the ingest roots: a file or a folder's text files; or text) "
-                "into searchable chunks by heading. An unchanged file re-ingests instantly.",
+                "Split a document (file_path under the ingest roots, a file or a folder of text files; or text) "
+                "into searchable chunks by heading; unchanged files re-ingest instantly.",
                 handle(self.ingest),
                 {"file_path": {"type": "string"}, "text": {"type": "string"}, "title": {"type": "string"}},
             ),

@@ -180,7 +180,7 @@ class MemoryPlugin(Plugin):
             ),
             tool(
                 "context_status",
-                "Memory size vs budget, compaction state, and the gateway's context estimate.",
+                "Memory size vs budget, compaction state, and the context estimate.",
                 self._tool(self.status_tool),
                 sid,
                 ["session_id"],

@@ -41,7 +41,7 @@ def free_space(folder: Path) -> int:
         return 0
 
 
-PATH = {"type": "string", "description": "fileRef id or path"}
+PATH = {"type": "string", "description": "fileRef id, or the path it gives"}
 JSON_PATH = {"type": "string", "description": "e.g. data.0.name; -1 = last"}  # $.data[0].name works too
 
 
