@@ -24,7 +24,9 @@ def tool(
     required: Sequence[str] = (),
 ) -> PluginTool:
     """A gateway-owned tool: a one- or two-sentence description and the properties of its arguments."""
-    schema = {"type": "object", "properties": properties or {}, "required": list(required)}
+    schema: dict[str, Any] = {"type": "object", "properties": properties or {}}
+    if required:  # an empty list says nothing, in every host's window
+        schema["required"] = list(required)
     return PluginTool(types.Tool(name=name, description=description, input_schema=schema), handler)
 
 

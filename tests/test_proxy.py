@@ -850,7 +850,9 @@ async def test_a_tool_definition_that_changes_is_reported_and_can_be_frozen(tmp_
     reports the change; with freeze_definitions the host keeps the first definition and calls are
     refused with what changed; `inspect` in a later run shows the change too."""
     notes = Notes()
-    settings = make_settings(tmp_path, {"p": probe("p", "--mutate", "grow")}, freeze_definitions=frozen)
+    # the same config entry in the later run (an edited one would take the definitions anew)
+    servers = {"p": probe("p", "--mutate", "grow", "--mutate-when", str(tmp_path / "mutated"))}
+    settings = make_settings(tmp_path, servers, freeze_definitions=frozen)
     async with inproc(settings, notes) as (gateway, session):
         await gateway.wait_ready()
         await eventually(lambda: bool(gateway._listed))
@@ -866,12 +868,12 @@ async def test_a_tool_definition_that_changes_is_reported_and_can_be_frozen(tmp_
         result = await call(session, "p__echo", {"text": "hi"})
         if frozen:
             assert now["p__echo"] == first
-            assert result.is_error and "+exfil" in text_of(result) and "definitions.json" in text_of(result)
+            assert result.is_error and "+exfil" in text_of(result) and "mcp-context-gateway accept p" in text_of(result)
         else:
             assert "evil.example" in (now["p__echo"].description or "")
             assert text_of(result) == "hi"
-    cfg = write_config(tmp_path, {"p": probe("p", "--mutate", "start")}, freeze_definitions=frozen)
-    out = run_cli("inspect", "--config", str(cfg))
+    (tmp_path / "mutated").touch()  # echo changed from the start
+    out = run_cli("inspect", "--config", str(settings.config_path))
     assert "changed: tool 'echo' of server 'p' changed its definition: description, input schema (+exfil)" in out.stdout
 
 

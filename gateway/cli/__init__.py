@@ -1,4 +1,4 @@
-"""Command line: serve · inspect · demo · stats · clean · hook · import. Each command lives in its own module
+"""Command line: serve · inspect · accept · demo · stats · clean · hook · import. Each command lives in its own module
 here and is imported only when it runs (start-up is part of every host's wait)."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from gateway.settings import (
 
 log = logging.getLogger("gateway")
 SECTIONS: dict[str, Any] = {"gateway": GatewaySettings, "llm": LLMSettings, "storage": StorageSettings}
-COMMANDS = ("serve", "inspect", "demo", "stats", "clean", "hook", "import")
+COMMANDS = ("serve", "inspect", "accept", "demo", "stats", "clean", "hook", "import")
 
 
 def _default_text(section: str, key: str) -> str:
@@ -102,6 +102,7 @@ Each command has its own --help. --config also reads a host's mcp.json; CTX_CONF
 COMMAND_SETTINGS: dict[str, tuple[str, ...] | None] = {
     "serve": None,  # all
     "inspect": None,
+    "accept": None,  # starts the named servers, as inspect does
     "demo": ("workspace",),
     "stats": ("workspace",),
     "clean": ("workspace",),
@@ -129,6 +130,7 @@ def build_parser() -> Parser:
     specs = {
         "serve": "run the gateway for a host (the default; stdio unless --transport http)",
         "inspect": "start every server once and print what the host would receive (exit 1 or 2: a server failed)",
+        "accept": "take the named servers' current tool definitions as their first ones (changes no longer warn)",
         "demo": "run the gateway as a host would and show an oversized result offloaded",
         "stats": "what passed through the gateway and the tokens it kept out of the window",
         "clean": "remove every offloaded response file",
@@ -148,6 +150,9 @@ def build_parser() -> Parser:
                 "--period", choices=["day", "week", "all"], default="all", help="rows for this period (default all)"
             )
             p.add_argument("--json", action="store_true", help="print the figures as JSON")
+        if name == "accept":
+            p.add_argument("servers", nargs="*", metavar="SERVER", help="the servers to accept, by config name")
+            p.add_argument("--all", action="store_true", dest="every", help="accept every enabled server")
         p.add_argument(
             "--config", "-c", help="gateway TOML or host mcp.json, absolute path (default: none; CTX_CONFIG)"
         )
@@ -183,7 +188,7 @@ class Parser(argparse.ArgumentParser):
 def _settings(args: argparse.Namespace) -> Settings:
     overrides = {flat: getattr(args, flat, None) for flat in FLAT_KEYS if hasattr(args, flat)}
     settings = load_settings(args.config, overrides)
-    if args.command in ("serve", "inspect", "demo"):  # those that start servers (serve: also on reload)
+    if args.command in ("serve", "inspect", "accept", "demo"):  # those that start servers (serve: also on reload)
         check_variables(settings)
     return settings
 
@@ -234,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             import tempfile
 
             settings.gateway.workspace = Path(tempfile.mkdtemp(prefix="mcp-context-gateway-demo-"))
-        if args.command in ("serve", "inspect", "demo"):
+        if args.command in ("serve", "inspect", "accept", "demo"):
             from gateway.settings import check_port, check_workspace
 
             check_workspace(settings)
@@ -248,6 +253,10 @@ def main(argv: list[str] | None = None) -> int:
             from gateway.cli.inspect import cmd_inspect
 
             return cmd_inspect(settings, args.verbose)
+        if args.command == "accept":
+            from gateway.cli.accept import cmd_accept
+
+            return cmd_accept(settings, args.servers, args.every)
         if args.command == "demo":
             from gateway.cli.demo import cmd_demo
 

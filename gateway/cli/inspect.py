@@ -81,8 +81,10 @@ async def inspect_report(settings: Settings, verbose: bool = False) -> tuple[str
         for line in gateway.routing.config_problems:
             status = 2  # the config must change
             notes.append(f"config: {line}")
-        for line in gateway.routing.changed.values():
-            notes.append(f"changed: {line} ({gateway.routing.ledger.accept} to accept)")
+        for name, line in gateway.routing.changed.items():
+            route = gateway.routing.tool_routes.get(name)  # None: the changed tool was left out
+            how = gateway.routing.ledger.how_to_accept(route.server if route is not None else "SERVER")
+            notes.append(f"changed: {line} ({how} to accept)")
         for name, why in gateway.pipeline.failed.items():
             status = max(status, 1)
             notes.append(f"plugin {name} failed to start and is left out: {why}")

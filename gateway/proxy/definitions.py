@@ -1,11 +1,14 @@
 """Tool definitions that change under the host: each upstream tool's first definition is remembered in
 the workspace (`definitions.json`) by its SHA-256; a later one that differs is reported (log,
 `inspect`) and, with `freeze_definitions = true`, not served: the host keeps the first definition and
-calls to the tool are refused with what changed. Removing the file accepts the current definitions.
-On the PostgreSQL backend the ledger is the table `ctx_definitions.definitions`, shared by the replicas
-(the first definition any replica saw wins); deleting its rows accepts the current definitions. It is
-read at start and written behind, in a thread of its own: checks use what is in memory, so a database
-that stalls never holds up routing.
+calls to the tool are refused with what changed. The operator accepts one server's current definitions
+with `mcp-context-gateway accept SERVER`; they are also taken anew when that server's own config entry
+changes (the ledger keeps a fingerprint of each entry: an edited command is a new server). Other
+servers keep theirs. On the PostgreSQL backend the ledger is the tables `ctx_definitions.definitions`
+and `configs`, shared by the replicas (the first definition any replica saw wins). It is read at start
+and written behind, in a thread of its own: checks use what is in memory, so a database that stalls
+never holds up routing. The file is merged with what is on disk when written, as the database is: a
+server accepted while a gateway runs keeps its accepted definitions.
 """
 
 from __future__ import annotations
@@ -22,11 +25,14 @@ import mcp_types as types
 
 from gateway.services.files import atomic_write, move_aside
 from gateway.services.storage import Storage
+from gateway.settings import ServerConfig, Settings
 
 log = logging.getLogger("gateway.definitions")
 FIELDS = ("title", "description", "inputSchema", "outputSchema", "annotations")
 DAMAGED = "_damaged"  # the key of the marker left where a damaged ledger was
 DAMAGED_SERVERS = "_damaged_servers"  # server -> why: the markers of servers whose entries were damaged
+CONFIGS = "_configs"  # server -> the fingerprint of its config entry when its definitions were taken
+MARKERS = (DAMAGED, DAMAGED_SERVERS, CONFIGS)
 
 
 def wire(tool: types.Tool) -> dict[str, Any]:
@@ -36,6 +42,19 @@ def wire(tool: types.Tool) -> dict[str, Any]:
 def fingerprint(definition: dict[str, Any]) -> str:
     body = {k: definition[k] for k in FIELDS if k in definition}
     return hashlib.sha256(json.dumps(body, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
+def config_fingerprint(cfg: ServerConfig) -> str:
+    """What makes a server's tools its own: the command, args, env keys (values may be secrets and
+    change without the server changing), url and tool filters, as written (before `${VAR}` expansion)."""
+    body = {
+        "command": cfg.command,
+        "args": cfg.args,
+        "env": sorted(cfg.env),
+        "url": cfg.url,
+        "tools": cfg.tools.model_dump(mode="json"),
+    }
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
 def what_changed(before: dict[str, Any], after: dict[str, Any]) -> str:
@@ -60,6 +79,7 @@ PG_SCHEMA = (
     # rows of the wrong shape, moved here for a look when their server's definitions are remembered anew
     "CREATE TABLE IF NOT EXISTS definitions_damaged (server TEXT, tool TEXT, sha TEXT, definition TEXT, "
     "moved TIMESTAMPTZ DEFAULT now());"
+    "CREATE TABLE IF NOT EXISTS configs (server TEXT PRIMARY KEY, sha TEXT);"
 )
 RETRY_SECONDS = 30  # a background write that failed (the database away) is tried again after this
 
@@ -93,15 +113,18 @@ class DefinitionLedger:
         self.damaged = ""  # why every first definition is unknown (the ledger could not be read)
         self.damaged_servers: dict[str, str] = {}  # server -> why its first definitions are unknown
         self._renewed: set[str] = set()  # damaged servers remembered anew: their old rows go at the next write
+        self._replaced: set[str] = set()  # servers accepted anew: their old rows go at the next write
+        self._configs: dict[str, str] = {}  # server -> config_fingerprint when its definitions were taken
+        self._configs_set: set[str] = set()  # the fingerprints this process took, to be written
+        self.config_path: Path | None = None  # the gateway's config file, named in how to accept
         self._db: Any = None
         self._wake = threading.Event()
         self._writer: threading.Thread | None = None
-        self.accept = f"remove {path}"  # how the operator accepts the current definitions
         if storage is not None and storage.shared:
-            self.accept = "delete the rows of PostgreSQL's ctx_definitions.definitions"
             self._db = storage.database("definitions")
             self._db.executescript(PG_SCHEMA)
             self._seen, bad = self._shared()
+            self._configs = {server: sha for server, sha in self._db.execute("SELECT server, sha FROM configs")}
             self.damaged_servers = {
                 server: f"the rows of server '{server}' in ctx_definitions.definitions are damaged ({why})"
                 for server, why in bad.items()
@@ -112,6 +135,7 @@ class DefinitionLedger:
             if not isinstance(data, dict):
                 raise ValueError("not a JSON object")
             marker, servers = data.pop(DAMAGED, ""), data.pop(DAMAGED_SERVERS, {})
+            configs = data.pop(CONFIGS, {})
             if not isinstance(marker, str) or not (
                 isinstance(servers, dict) and all(isinstance(v, str) for v in servers.values())
             ):
@@ -126,6 +150,8 @@ class DefinitionLedger:
             atomic_write(path, json.dumps({DAMAGED: self.damaged}), sync=False)
             return
         self.damaged, self.damaged_servers = marker, servers
+        if isinstance(configs, dict):  # else unknown: no entry counts as changed
+            self._configs = {server: sha for server, sha in configs.items() if isinstance(sha, str)}
         bad = {server: why for server, tools in data.items() if (why := shape_problem(tools))}
         self._seen = {server: tools for server, tools in data.items() if server not in bad}
         if bad:
@@ -138,7 +164,69 @@ class DefinitionLedger:
                 log.warning(
                     "%s; its tools cannot be compared with their first definitions", self.damaged_servers[server]
                 )
-            self._write_file()  # the undamaged servers, and markers: a restart still knows the damage
+            self._write_file(set(), set())  # the undamaged servers, and markers: a restart still knows the damage
+
+    def how_to_accept(self, server: str) -> str:
+        config = f" --config {self.config_path}" if self.config_path else ""
+        return f"run `mcp-context-gateway accept {server}{config}`"
+
+    def configure(self, settings: Settings) -> None:
+        """Note each server's config entry (at start and on reload): a server whose entry changed since
+        its definitions were taken has them taken anew, as if accepted."""
+        self.config_path = settings.config_path
+        with self._lock:
+            for server, cfg in settings.enabled_servers.items():
+                sha = config_fingerprint(cfg)
+                before = self._configs.get(server)
+                if before == sha:
+                    continue
+                self._configs[server] = sha
+                self._configs_set.add(server)
+                self._dirty = True
+                if before is None:  # first seen, or a ledger from before fingerprints: nothing to compare
+                    continue
+                self._take_anew(server)
+                log.warning(
+                    "server '%s': its config entry changed, so its current tool definitions are taken as its first",
+                    server,
+                )
+
+    def accept(self, server: str, tools: list[types.Tool], cfg: ServerConfig | None = None) -> list[str]:
+        """Take `tools` as the server's first definitions (the operator accepts them): one line per tool
+        that changed, came or went since the first ones."""
+        now = {tool.name: wire(tool) for tool in tools}
+        with self._lock:
+            before = self._seen.get(server, {})
+            lines = []
+            for name in sorted(set(before) | set(now)):
+                if name not in now:
+                    lines.append(f"{server}: {name}: no longer listed, forgotten")
+                elif name not in before:
+                    lines.append(f"{server}: {name}: new")
+                elif before[name]["sha"] != fingerprint(now[name]):
+                    lines.append(f"{server}: {name}: {what_changed(before[name]['definition'] or {}, now[name])}")
+            self._take_anew(server)
+            self._seen[server] = {name: {"sha": fingerprint(d), "definition": d} for name, d in now.items()}
+            if cfg is not None:
+                self._configs[server] = config_fingerprint(cfg)
+                self._configs_set.add(server)
+            self._dirty = True
+        return lines
+
+    def forget_damage(self) -> None:
+        """Every server was accepted anew: the damaged ledger no longer makes any first definition unknown."""
+        with self._lock:
+            self.damaged = ""
+            self._dirty = True
+
+    def _take_anew(self, server: str) -> None:
+        """Forget the server's first definitions (the lock held): the next ones seen are its first."""
+        self._seen.pop(server, None)
+        if self.damaged_servers.pop(server, None) is not None:
+            self._renewed.add(server)
+        self._replaced.add(server)
+        self._reported = {seen for seen in self._reported if seen[0] != server}
+        self._dirty = True
 
     def check(self, server: str, tool: types.Tool, frozen: bool = False) -> tuple[dict[str, Any] | None, str]:
         """(the first definition, what changed) when this one differs from it; (None, "") otherwise.
@@ -172,7 +260,7 @@ class DefinitionLedger:
                 tool.name,
                 server,
                 change,
-                self.accept,
+                self.how_to_accept(server),
             )
         return first, change
 
@@ -221,8 +309,11 @@ class DefinitionLedger:
                     return True
                 self._dirty = False
                 renewed, self._renewed = self._renewed, set()
+                replaced, self._replaced = self._replaced, set()
+                configs_set, self._configs_set = self._configs_set, set()
                 if self._db is None:
-                    return self._write_file()
+                    return self._write_file(renewed | replaced, configs_set)
+                configs = [(server, self._configs[server]) for server in sorted(configs_set)]
                 rows = [
                     (server, tool, known["sha"], json.dumps(known["definition"], ensure_ascii=False))
                     for server, tools in self._seen.items()
@@ -236,15 +327,22 @@ class DefinitionLedger:
                             "sha, definition FROM definitions WHERE server = ANY(?)",
                             (sorted(renewed),),
                         )
-                        self._db.execute("DELETE FROM definitions WHERE server = ANY(?)", (sorted(renewed),))
+                    if renewed | replaced:
+                        self._db.execute("DELETE FROM definitions WHERE server = ANY(?)", (sorted(renewed | replaced),))
                     # another replica's first definition wins over this one's
                     self._db.executemany("INSERT INTO definitions VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING", rows)
+                    self._db.executemany(
+                        "INSERT INTO configs VALUES (?, ?) ON CONFLICT (server) DO UPDATE SET sha = excluded.sha",
+                        configs,
+                    )
                 shared, bad = self._shared()
             except RuntimeError as exc:
                 log.warning("cannot save the tool definitions to PostgreSQL (tried again later): %s", exc)
                 with self._lock:
                     self._dirty = True
                     self._renewed |= renewed
+                    self._replaced |= replaced
+                    self._configs_set |= configs_set
                 return False
             with self._lock:
                 for server, tools in shared.items():
@@ -253,12 +351,37 @@ class DefinitionLedger:
                 log.warning("the rows of server '%s' in ctx_definitions.definitions are damaged (%s)", server, why)
             return True
 
-    def _write_file(self) -> bool:
+    def _write_file(self, replaced: set[str], configs_set: set[str]) -> bool:
+        """Write the file (the lock held), merged with what is on disk: there, as in PostgreSQL, the first
+        definition written wins (another process may have accepted a server meanwhile), except for the
+        servers this process took anew (`replaced`) and the config fingerprints it took."""
+        on_disk, configs = self._on_disk()
+        for server, tools in on_disk.items():
+            if server not in replaced:
+                self._seen[server] = self._seen.get(server, {}) | tools
+        own = {server: self._configs[server] for server in configs_set if server in self._configs}
+        self._configs = self._configs | configs | own
         markers: dict[str, Any] = {DAMAGED: self.damaged} if self.damaged else {}
         if self.damaged_servers:
             markers[DAMAGED_SERVERS] = self.damaged_servers
+        if self._configs:
+            markers[CONFIGS] = self._configs
         try:
             atomic_write(self.path, json.dumps(self._seen | markers, ensure_ascii=False, indent=1), sync=False)
         except OSError as exc:
             log.warning("cannot save %s: %s", self.path, exc)
         return True
+
+    def _on_disk(self) -> tuple[dict[str, dict[str, dict[str, Any]]], dict[str, str]]:
+        """The file's well-formed servers and config fingerprints; nothing when it cannot be read."""
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}, {}
+        if not isinstance(data, dict):
+            return {}, {}
+        configs = data.get(CONFIGS)
+        tools = {s: t for s, t in data.items() if s not in MARKERS and not shape_problem(t)}
+        if not isinstance(configs, dict):
+            return tools, {}
+        return tools, {server: sha for server, sha in configs.items() if isinstance(sha, str)}

@@ -128,6 +128,7 @@ class Gateway:
         host = process_tree.host_pid() if settings.gateway.transport == "stdio" else None
         self.window = ContextWindow(settings, self.llm, HostBridge(host))
         self.routing = RoutingTable(settings, self.upstreams)
+        self.routing.ledger.configure(settings)  # before any tool is listed: a changed entry is taken anew
         self.catalog_mode = CatalogMode(self.routing, self.call, self._auto_window, self.wait_ready)
         self.context = GatewayContext(
             settings=settings,
@@ -280,6 +281,7 @@ class Gateway:
                 upstream.config = cfg
             self.upstreams[name] = upstream
         self.notices.forget_servers(change.removed + change.restarted)  # the servers that sent updates are gone
+        self.routing.ledger.configure(self.settings)  # an edited server entry: its definitions taken anew
         await self._upstream_changed(None)
 
     async def _after_start(self, lookup: Callable[[], Route | None]) -> Route | None:
@@ -636,10 +638,12 @@ class Gateway:
     def _refusal(self, call: ToolCall) -> str | None:
         """Why a routed call must not reach its upstream, or None."""
         if self.routing.frozen and (change := self.routing.changed.get(call.name)):
+            route = self.routing.tool_routes.get(call.name)
+            server = route.server if route is not None else "SERVER"
             return (
                 f"'{call.name}' was not called: {change} since it was first seen, and freeze_definitions is on, so "
                 "the gateway keeps serving the first definition and refuses the changed tool. If the change is "
-                f"expected, {self.routing.ledger.accept} and restart the gateway."
+                f"expected, {self.routing.ledger.how_to_accept(server)} and restart the gateway."
             )
         if (where := unencodable(call.arguments)) is not None:
             # a lone surrogate cannot be written to the upstream as UTF-8; sent, it would tear down the

@@ -258,23 +258,23 @@ class DocumentsPlugin(Plugin):
         return {"warning": "; ".join(notes)} if notes else {}
 
     def tools(self) -> list[PluginTool]:
-        doc = {"doc_id": {"type": "string", "description": "from doc_ingest/doc_list, or an offloaded resp_ id"}}
+        doc = {"doc_id": {"type": "string"}}  # where ids come from is said once, in doc_search
         handle = lambda fn: guarded(fn, (IngestError, StoreError, StorageError))  # noqa: E731
         return [
             tool(
                 "doc_ingest",
-                "Split a large document (file_path below the ingest roots: a file, or a folder's text files; "
-                "or text) into searchable chunks by its headings. Re-ingesting an unchanged file is instant.",
+                "Split a document (file_path under the ingest roots, a file or a folder of text files; or text) "
+                "into searchable chunks by heading; unchanged files re-ingest instantly.",
                 handle(self.ingest),
                 {"file_path": {"type": "string"}, "text": {"type": "string"}, "title": {"type": "string"}},
             ),
             tool(
                 "doc_search",
-                "Find the chunks of ingested documents that match a query, packed into max_tokens.",
+                "Chunks of ingested documents that best match query, within max_tokens.",
                 handle(self.search),
                 {
                     "query": {"type": "string"},
-                    **doc,
+                    "doc_id": doc["doc_id"] | {"description": "from doc_ingest/doc_list, or a resp_ id"},
                     "limit": integer(default=5),
                     "max_tokens": integer("default: half the budget"),
                 },

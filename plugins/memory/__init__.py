@@ -49,7 +49,7 @@ GIVE_BACK_CHARS = 4_000_000  # sessions this large dropped from memory: their pa
 T = TypeVar("T")
 
 
-SID = {"type": "string", "description": "your name for this memory, e.g. 'billing-refactor'"}
+SID = {"type": "string"}  # named in context_open, the tool called first
 
 
 class MemoryPlugin(Plugin):
@@ -167,7 +167,7 @@ class MemoryPlugin(Plugin):
                 "context_open",
                 "Open (or create) a memory session; shows its pinned notes and size. Start here.",
                 self._tool(self.open),
-                sid,
+                {"session_id": SID | {"description": "your name for this memory, e.g. 'billing-refactor'"}},
                 ["session_id"],
             ),
             tool(
@@ -180,15 +180,14 @@ class MemoryPlugin(Plugin):
             ),
             tool(
                 "context_status",
-                "Memory size vs budget, compaction state, and the gateway's context estimate.",
+                "Memory size vs budget, compaction state, and the context estimate.",
                 self._tool(self.status_tool),
                 sid,
                 ["session_id"],
             ),
             tool(
                 "context_compact",
-                "Fold older notes into one summary (pinned and the newest keep_recent stay). "
-                "dry_run shows what would fold.",
+                "Fold older notes into one summary; pinned ones and the newest keep_recent stay. dry_run: preview.",
                 self._tool(self.compact),
                 sid
                 | {
@@ -200,7 +199,7 @@ class MemoryPlugin(Plugin):
             ),
             tool(
                 "context_recall",
-                "Bring back pinned notes and the notes that best match a query, within max_tokens.",
+                "Pinned notes plus the notes that best match query, within max_tokens.",
                 self._tool(self.recall),
                 sid | {"query": {"type": "string"}, "max_tokens": integer("default: the budget")},
                 ["session_id"],

@@ -41,8 +41,8 @@ def free_space(folder: Path) -> int:
         return 0
 
 
-PATH = {"type": "string", "description": "fileRef id (resp_...), or the path the fileRef gives"}
-JSON_PATH = {"type": "string", "description": "e.g. data.0.name or $.data[0].name; -1 = last"}
+PATH = {"type": "string", "description": "fileRef id, or the path it gives"}
+JSON_PATH = {"type": "string", "description": "e.g. data.0.name; -1 = last"}  # $.data[0].name works too
 
 
 class OffloadSettings(BaseModel):
@@ -193,16 +193,15 @@ class OffloadPlugin(Plugin):
         return [
             tool(
                 "response_outline",
-                "Outline an offloaded result (fileRef id): type, keys, item counts, samples "
-                "and ready-to-use hints. Call this first; never read the whole file.",
+                "Outline an offloaded result: type, keys, item counts, samples and ready-to-use hints. "
+                "Call this first; never read the whole file.",
                 handle(lambda e: e.outline),
                 path,
                 ["path"],
             ),
             tool(
                 "response_compress",
-                "A smaller view of an offloaded JSON result: first_of_array, sample_array, "
-                "truncate_strings, keys_only or select_keys, optionally below json_path.",
+                "A smaller view of an offloaded JSON result (by mode), optionally below json_path.",
                 handle(lambda e: e.compress),
                 path
                 | {
@@ -217,8 +216,7 @@ class OffloadPlugin(Plugin):
             ),
             tool(
                 "response_slice",
-                "One value of an offloaded JSON result by json_path, or a line range "
-                "(start_line, end_line) of any text result.",
+                "A value of an offloaded JSON result (json_path), or lines start_line..end_line of any result.",
                 handle(lambda e: e.slice),
                 path
                 | {
@@ -230,15 +228,15 @@ class OffloadPlugin(Plugin):
             ),
             tool(
                 "response_search",
-                "Find lines (text) or records (JSON) of an offloaded result containing the "
-                "query words; ranked, with paths or line numbers.",
+                "Lines (text) or records (JSON) of an offloaded result that contain the query words, "
+                "ranked, with paths or line numbers.",
                 handle(lambda e: e.search),
                 path | {"query": {"type": "string"}, "limit": integer(default=10), "offset": integer(default=0)},
                 ["path", "query"],
             ),
             tool(
                 "response_query",
-                "DuckDB SQL over a whole offloaded result (its tables are named in the fileRef and response_outline).",
+                "DuckDB SQL over a whole offloaded result (table names: in the fileRef and response_outline).",
                 handle(lambda e: e.query),
                 path | {"sql": {"type": "string"}, "max_tokens": integer("default: the result limit")},
                 ["path", "sql"],

@@ -337,6 +337,8 @@ def main() -> None:
     parser.add_argument("--start-delay", type=float, default=0.0)  # a slow start (npx downloading)
     parser.add_argument("--shuffle", action="store_true")  # list tools in a new order after each change
     parser.add_argument("--mutate", choices=["start", "grow"], default="")  # echo's definition changes
+    # echo's definition changes from the start while this file exists (a server updated in place)
+    parser.add_argument("--mutate-when", default="")
     parser.add_argument("--extra-tools", type=int, default=0)
     args = parser.parse_args()
     if args.hang_start:
@@ -346,7 +348,8 @@ def main() -> None:
         print("probe: failing at start on purpose", file=sys.stderr)
         sys.exit(7)
     print(f"probe {args.name} starting (pid {os.getpid()})", file=sys.stderr, flush=True)
-    server = build(args.name, args.extra_tools, args.shuffle, args.mutate)
+    mutate = "start" if args.mutate_when and os.path.exists(args.mutate_when) else args.mutate
+    server = build(args.name, args.extra_tools, args.shuffle, mutate)
     if args.sse:
         serve_sse(server, args.sse)
         return
