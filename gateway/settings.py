@@ -340,6 +340,11 @@ class GatewaySettings(BaseModel):
     context_window: int = Field(
         0, ge=0, description="the model's context window in tokens; 0 = from the host, the endpoint or unknown"
     )
+    tokenizer: Literal["auto", "cl100k", "o200k", "llama3", "qwen"] = Field(
+        "auto",
+        description="the host model's tokenizer family, counted for in token figures and offload limits; "
+        "auto = the widest common one (counts lean high for every host)",
+    )
     max_response_size: int = Field(1048576, description="results above this many bytes go to a file")
     max_response_tokens: int = Field(
         0, ge=0, description="results above this many tokens go to a file; 0 = half the budget (4000 if unknown)"

@@ -22,6 +22,9 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 WINDOW = 2000
+# Which half of each kind's source text windows come from: the estimate is fitted on "tune" and
+# measured on "held" (text it never saw); None takes the whole text. Set by `available(part=...)`.
+PART: str | None = None
 MODULES = [
     "json",
     "argparse",
@@ -47,13 +50,16 @@ MODULES = [
 
 
 def _windows(text: str, count: int, seed: int) -> list[str]:
+    if PART is not None:
+        half = text.rfind("\n", 0, len(text) // 2) + 1 or len(text) // 2
+        text, seed = (text[:half], seed) if PART == "tune" else (text[half:], seed + 1000)
     rng = random.Random(seed)
     out: list[str] = []
     for _ in range(count * 3):
         if len(out) >= count or len(text) <= WINDOW:
             break
         start = rng.randrange(0, len(text) - WINDOW)
-        start = text.rfind("\n", 0, start) + 1
+        start = text.rfind("\n", 0, start) + 1 or start  # a text of one line: anywhere
         out.append(text[start : start + WINDOW])
     return out
 
@@ -558,6 +564,39 @@ def mixed_cjk_code(count: int = 60) -> list[str]:
     return _windows("\n".join(out), count, 26)
 
 
+def app_log(count: int = 60) -> list[str]:
+    """An application log of a few lines repeated thousands of times (health checks, heartbeats, the same
+    warning): timestamps, padded levels, logger names, ids. The kind the estimate was furthest off on."""
+    rng = random.Random(28)
+    templates = [
+        "{lvl:<5} [pool-3-thread-{a}] c.e.s.HealthCheck - health check ok (status=UP, latency={b}ms)",
+        "{lvl:<5} [main] o.a.k.c.c.i.ConsumerCoordinator - [Consumer clientId=consumer-{a}, groupId=orders] "
+        "Sending Heartbeat request to coordinator broker-{a}:9092 (id: 2147483646 rack: null)",
+        "{lvl:<5} [http-nio-8080-exec-{a}] o.s.w.s.PageNotFound - No mapping for GET /favicon.ico",
+        "{lvl:<5} {logger}:{b} Connection pool is full, discarding connection: {host}. Connection pool size: 10",
+        "{lvl:<5} [{worker}] Retrying request to /v1/{word}s/{c} after error: ECONNRESET (attempt {a} of 5)",
+    ]
+    lines, t = [], 0
+    for i in range(30000):
+        t += rng.randint(1, 1500)
+        stamp = f"2026-11-30 {t // 3600000 % 24:02d}:{t // 60000 % 60:02d}:{t // 1000 % 60:02d},{t % 1000:03d}"
+        if i % 40 < 3 and lines:  # bursts of the very same line
+            lines.append(lines[-1])
+            continue
+        line = rng.choice(templates).format(
+            lvl=rng.choice(["INFO", "INFO", "DEBUG", "WARN", "ERROR"]),
+            a=rng.randint(1, 12),
+            b=rng.randint(1, 400),
+            c=rng.randint(1000, 99999),
+            logger="urllib3.connectionpool",
+            host=f"{rng.choice(WORDS)}.internal",
+            worker=f"{rng.choice(WORDS)}-worker-{rng.randint(1, 16)}",
+            word=rng.choice(WORDS),
+        )
+        lines.append(f"{stamp} {line}")
+    return _windows("\n".join(lines), count, 28)
+
+
 def emoji_chat(count: int = 60) -> list[str]:
     rng = random.Random(27)
     emoji = ["🎉", "🚀", "✨", "👍", "😂", "🔥", "❤️", "🙏", "😅", "✅", "❌", "⚠️", "👀", "🤔", "💯", "🇰🇷", "👩‍💻", "🐛"]
@@ -587,18 +626,28 @@ KINDS |= {
     "yaml": yaml,
     "csv": csv_rows,
     "logs": logs,
+    "app-log": app_log,
     "emoji-chat": emoji_chat,
 }
 
 
-def available(count: int = 60) -> dict[str, list[str]]:
-    """Every kind whose source is here, with its windows."""
-    out = {}
-    for kind, make in KINDS.items():
-        windows = make(count)
-        if windows:
-            out[kind] = windows
-    return out
+def available(count: int = 60, part: str | None = None) -> dict[str, list[str]]:
+    """Every kind whose source is here, with its windows: from the tuning half of each source
+    (`part="tune"`), the held-out half (`"held"`), or anywhere (None)."""
+    return {kind: windows for kind in KINDS if (windows := kind_windows(kind, count, part))}
+
+
+def kind_windows(kind: str, count: int = 60, part: str | None = None) -> list[str]:
+    global PART
+    PART = part
+    try:
+        return KINDS[kind](count)
+    finally:
+        PART = None
+
+
+# The `[gateway] tokenizer` families, each with the tokenizer of `tokenizers()` that counts for it.
+FAMILIES = {"cl100k": "cl100k", "o200k": "o200k", "llama3": "llama3", "qwen": "qwen3.6"}
 
 
 def tokenizers() -> dict[str, object]:

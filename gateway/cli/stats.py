@@ -10,11 +10,20 @@ from gateway.cli.table import table
 from gateway.services.stats import PERIODS, summary
 from gateway.services.storage import Storage
 from gateway.services.text import human_size
+from gateway.services.tokens import describe_tokenizer
 from gateway.settings import Settings
 
 
 def _n(value: int | None) -> str:
     return "-" if value is None else f"{value:,}"
+
+
+def tokenizer_note(settings: Settings) -> str:
+    """Which tokenizer the figures are counted for, and how to change it."""
+    name = settings.gateway.tokenizer
+    if name == "auto":
+        return f"for {describe_tokenizer(name)}: set [gateway] tokenizer to count for your host's"
+    return f"for {describe_tokenizer(name)} ([gateway] tokenizer)"
 
 
 def cmd_stats(settings: Settings, period: str, as_json: bool) -> int:
@@ -33,6 +42,7 @@ def cmd_stats(settings: Settings, period: str, as_json: bool) -> int:
         return 2
     where = storage.describe() if storage.shared else str(path)
     if as_json:
+        figures["tokenizer"] = settings.gateway.tokenizer  # what the token figures are counted for
         print(json.dumps(figures, indent=2, ensure_ascii=False))
         return 0
     totals = [["period", "calls", "errors", "tokens returned", "tokens kept out"]]
@@ -67,8 +77,8 @@ def cmd_stats(settings: Settings, period: str, as_json: bool) -> int:
     print(f"\n{'all time' if period == 'all' else 'last ' + period}, by server and tool:")
     print(table(out, right={3, 4, 5, 6, 7, 9, 10}))
     print(
-        "\ntokens are the gateway's estimate of what it returned and what it kept out (offload: a result's cost "
-        "minus its fileRef's; catalog: the definitions behind the catalog minus its meta-tools', per tools/list); "
-        "it sees only what passes through it, not the host's context"
+        f"\ntokens are the gateway's estimate, {tokenizer_note(settings)}, of what it returned and what it kept "
+        "out (offload: a result's cost minus its fileRef's; catalog: the definitions behind the catalog minus its "
+        "meta-tools', per tools/list); it sees only what passes through it, not the host's context"
     )
     return 0

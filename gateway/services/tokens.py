@@ -1,16 +1,17 @@
 """The one token estimate every part uses. It leans high: an undercount overflows the window.
 
-There is no universal tokenizer. The estimate counts what BPE tokenizers charge for: letter
-runs, camelCase humps and long ALL-CAPS runs, digits (Qwen-style vocabularies spend one token per
-digit), punctuation, newlines, tabs and indentation, Hangul and other CJK characters, other
-non-ASCII characters and emoji, times a margin. `bench/tokens.py` fits the rates on 25 kinds of
-text (2,000-character windows) against the largest count of four tokenizers (cl100k, o200k, Qwen
-3.6, Llama 3), and sizes the margin so that a kind the fit never saw is undercounted in at most 1 %
-of its windows (leave-one-kind-out). All counting runs in C (`bytes.translate`, str methods and a
-few regexes), not a Python loop per character.
+The estimate counts what BPE tokenizers charge for: letter runs, camelCase humps and long ALL-CAPS
+runs, digits and digit runs, punctuation, newlines, tabs and indentation, Hangul and other CJK
+characters, other non-ASCII characters and emoji. Each tokenizer family (`FAMILIES`: cl100k, o200k,
+Llama 3, Qwen) has its own rates and margin per kind of text (prose, code, JSON, CJK), fitted by
+`bench/tokens.py --fit` on a tuning corpus of 26 kinds of text so that no tuning window is
+undercounted, and measured on held-out text. `[gateway] tokenizer` names the host's family; `auto`
+(the default) takes the largest of the four, so it fits the widest common tokenizer. All counting
+runs in C (`bytes.translate`, str methods and a few regexes), not a Python loop per character.
 
-Calibration against the user's own model (gateway.services.model_endpoint) replaces the built-in rate of a content
-kind (prose, code, json, cjk) by the measured one, with a margin.
+Calibration against the user's own model (gateway.services.model_endpoint) replaces the `auto`
+figure of a content kind (prose, code, json, cjk) by the measured rate, with a margin; a named
+tokenizer is the user's word about the host and is not overridden.
 """
 
 from __future__ import annotations
@@ -36,29 +37,36 @@ _SPACE_RUN = re.compile(r"[ \t]{2,}")
 _WIDE_RUN = re.compile("[\u0800-\uffff]+")
 _PUNCT_RUN = re.compile(r"[!-/:-@\[-`{-~]+")
 
-# Tokens per unit, fitted by `bench/tokens.py --fit` (an asymmetric least-squares fit, weighted
-# against undercounting, under lower bounds from how byte-level BPE works), and the margin it sized.
-RATES = {
-    "hangul": 1.194,  # per Hangul character
-    "cjk": 1.021,  # per other CJK character (Kana, Han)
-    "word": 1.003,  # per ASCII letter run: a BPE word is never less than one token
-    "word_excess": 0.1,  # per letter beyond the 6th in a run
-    "hump": 0.245,  # per camelCase boundary (`getUserName` is three pieces)
-    "caps": 0.3,  # per letter beyond the 4th in an ALL-CAPS run (vocabularies hold few of them)
-    "digit": 1.0,  # Qwen-style vocabularies spend one token per digit
-    "num_run": 0.233,
-    "opaque": 0.2,  # extra per character of a long run without spaces (base64, hex, hashes)
-    "newline": 0.843,
-    "tab": 0.6,
-    "space_run": 1.255,  # per run of 2+ spaces/tabs (indentation included)
-    "space": 0.01,  # per space/tab in such a run
-    "punct": 0.138,  # per punctuation character...
-    "punct_run": 0.591,  # ...and per run of them (BPE merges `"},` into few tokens)
-    "other": 1.0,  # per other non-ASCII character (é, Cyrillic, ...)
-    "wide": 1.0,  # extra per other character of 3 UTF-8 bytes (symbols, dingbats: byte-level tokens)
-    "astral": 2.184,  # extra per character outside the BMP (emoji), on top of `other`
-}
-FIT_MARGIN = 1.168  # the worst kind's 99.5th percentile of real/estimate, over every kind in the fit
+# Per tokenizer family and kind of text: (margin, rates in `FEATURES` order), from
+# `bench/tokens.py --fit` on the tuning half of its corpus. The estimate is margin * rates . counts.
+FITTED: dict[str, dict[str, tuple[float, tuple[float, ...]]]] = {
+    "cl100k": {
+        "prose": (1.085, (1.0, 1.0, 1.115, 1.225, 0.019, 0.0, 0.191, 0.671, 0.15, 0.182, 1.0, 0.667, 0.01, 0.0, 0.85, 1.245, 1.0, 2.0)),
+        "code": (1.263, (1.0, 1.187, 1.072, 0.0, 0.195, 0.0, 0.255, 0.986, 0.15, 0.644, 0.617, 1.02, 0.01, 0.275, 0.339, 1.0, 1.0, 3.0)),
+        "json": (1.044, (1.306, 1.0, 1.0, 1.14, 0.0, 0.0, 0.0, 0.93, 0.15, 0.0, 0.0, 1.114, 0.01, 0.022, 0.926, 1.0, 1.0, 2.0)),
+        "cjk": (1.035, (1.191, 1.033, 1.0, 0.0, 0.0, 0.0, 1.0, 2.391, 0.15, 0.0, 0.0, 0.0, 0.01, 0.0, 0.794, 1.0, 1.0, 2.0)),
+    },
+    "o200k": {
+        "prose": (1.1, (0.5, 0.4, 1.14, 1.32, 0.157, 0.007, 0.445, 0.0, 0.15, 0.0, 1.0, 0.881, 0.01, 0.035, 0.751, 1.0, 1.0, 2.0)),
+        "code": (1.267, (0.666, 0.749, 1.086, 0.0, 0.211, 0.0, 0.269, 0.941, 0.15, 0.622, 0.622, 1.017, 0.01, 0.284, 0.333, 1.0, 1.0, 3.0)),
+        "json": (1.042, (0.767, 0.686, 1.0, 1.082, 0.0, 0.0, 0.0, 0.943, 0.15, 0.0, 0.0, 1.228, 0.01, 0.099, 0.805, 1.0, 1.0, 2.0)),
+        "cjk": (1.032, (0.713, 0.682, 1.0, 0.0, 0.0, 0.0, 0.546, 2.193, 0.15, 0.0, 0.0, 0.0, 0.01, 0.0, 1.133, 1.0, 1.0, 2.0)),
+    },
+    "llama3": {
+        "prose": (1.085, (0.5, 0.4, 1.114, 1.222, 0.017, 0.0, 0.193, 0.661, 0.15, 0.187, 1.0, 0.665, 0.01, 0.0, 0.853, 1.164, 1.0, 2.0)),
+        "code": (1.263, (0.665, 0.767, 1.071, 0.0, 0.195, 0.0, 0.256, 0.984, 0.15, 0.647, 0.617, 1.017, 0.01, 0.275, 0.341, 1.0, 1.0, 3.0)),
+        "json": (1.044, (0.763, 0.706, 1.0, 1.139, 0.0, 0.0, 0.0, 0.932, 0.15, 0.0, 0.0, 1.119, 0.01, 0.024, 0.922, 1.0, 1.0, 2.0)),
+        "cjk": (1.027, (0.747, 0.585, 1.0, 0.0, 0.0, 0.0, 1.0, 2.5, 0.15, 0.0, 0.0, 0.0, 0.01, 0.0, 1.055, 2.36, 1.0, 2.0)),
+    },
+    "qwen": {
+        "prose": (1.063, (0.5, 0.4, 1.113, 1.044, 0.046, 0.008, 1.0, 0.0, 0.15, 0.521, 1.0, 0.929, 0.01, 0.0, 0.812, 1.0, 1.0, 2.092)),
+        "code": (1.218, (0.5, 0.521, 1.014, 0.029, 0.169, 0.0, 1.0, 0.19, 0.15, 0.952, 0.594, 1.187, 0.01, 0.254, 0.523, 1.0, 1.0, 3.0)),
+        "json": (1.043, (0.5, 0.6, 1.0, 1.025, 0.0, 0.015, 1.0, 0.0, 0.15, 0.406, 1.0, 2.265, 0.01, 0.12, 0.585, 1.0, 1.0, 2.0)),
+        "cjk": (1.038, (0.604, 0.431, 1.0, 0.0, 0.0, 0.0, 1.0, 2.5, 0.15, 0.0, 0.0, 0.0, 0.01, 0.0, 1.411, 1.177, 1.0, 2.0)),
+    },
+}FAMILIES = ("cl100k", "o200k", "llama3", "qwen")
+TOKENIZERS = ("auto", *FAMILIES)  # what `[gateway] tokenizer` accepts
+FAMILY_LABELS = {"cl100k": "cl100k (GPT-4)", "o200k": "o200k (GPT-4o)", "llama3": "Llama 3", "qwen": "Qwen"}
 KINDS = ("prose", "code", "json", "cjk")
 SAMPLE_ABOVE = 512 * 1024  # characters; larger texts are estimated from evenly spaced slices
 SAMPLE_SLICES = 64
@@ -66,13 +74,29 @@ SAMPLE_SLICE = 4096
 SAMPLE_MARGIN = 1.05
 
 
-class TokenEstimator:
-    """The built-in rates times a calibrated multiplier per content kind. The gateway serves one model,
-    so the process has one estimator (`ESTIMATOR`); tests and benches may make their own."""
+def describe_tokenizer(name: str) -> str:
+    """What a figure is counted for, in words a user reads (stats, inspect, the monitor)."""
+    if name in FAMILY_LABELS:
+        return f"the {FAMILY_LABELS[name]} tokenizer"
+    return "the widest common tokenizer (the largest of cl100k, o200k, Llama 3 and Qwen)"
 
-    def __init__(self) -> None:
+
+class TokenEstimator:
+    """Counts for one tokenizer family (`auto`: the largest of them), times a calibrated multiplier per
+    content kind. The gateway serves one model, so the process has one estimator (`ESTIMATOR`); tests
+    and benches may make their own."""
+
+    def __init__(self, family: str = "auto") -> None:
         self._lock = threading.Lock()
         self._scales: dict[str, float] = dict.fromkeys(KINDS, 1.0)
+        self.family = "auto"
+        self.set_family(family)
+
+    def set_family(self, family: str) -> None:
+        """Count for this tokenizer family (`[gateway] tokenizer`); `auto` for the widest of them."""
+        if family not in TOKENIZERS:
+            raise ValueError(f"unknown tokenizer {family!r}: use one of {', '.join(TOKENIZERS)}")
+        self.family = family
 
     def set_scales(self, scales: Mapping[str, float]) -> None:
         """Install calibrated per-kind multipliers (from the model endpoint client)."""
@@ -87,8 +111,18 @@ class TokenEstimator:
     def scales(self) -> dict[str, float]:
         return dict(self._scales)
 
+    def calibrated(self) -> bool:
+        """Whether a calibration's rates are in use (a named tokenizer is not overridden by one)."""
+        return self.family == "auto" and any(v != 1.0 for v in self._scales.values())
+
+    def describe(self) -> str:
+        """What the figures are: for a named tokenizer, calibrated, or for the widest common one."""
+        if self.calibrated():
+            return "calibrated against the model endpoint"
+        return "for " + describe_tokenizer(self.family)
+
     def estimate(self, text: str) -> int:
-        """Tokens `text` will cost in the user's model, leaning high."""
+        """Tokens `text` will cost in the host's model, leaning high."""
         if not text:
             return 0
         if len(text) > SAMPLE_ABOVE:
@@ -98,9 +132,10 @@ class TokenEstimator:
             per_char = sum(self.estimate(s) for s in sample) / sum(map(len, sample))
             return int(per_char * len(text) * SAMPLE_MARGIN) + 1
         counts = _counts(text)
-        raw = FIT_MARGIN * sum(map(mul, _RATE_VECTOR, counts))
-        return int(raw * self._scales[_kind(text, counts)]) + 1
-
+        kind = _kind(text, counts)
+        if self.family != "auto":
+            return int(sum(map(mul, _VECTORS[self.family][kind], counts))) + 1
+        return int(_widest(kind, counts) * self._scales[kind]) + 1
 
 FEATURES = (  # the order `features` counts in (and the rates are summed in)
     "hangul",
@@ -122,7 +157,16 @@ FEATURES = (  # the order `features` counts in (and the rates are summed in)
     "wide",
     "astral",
 )
-_RATE_VECTOR = tuple(RATES[name] for name in FEATURES)
+# margin * rates, per family and kind
+_VECTORS = {
+    family: {kind: tuple(margin * rate for rate in rates) for kind, (margin, rates) in kinds.items()}
+    for family, kinds in FITTED.items()
+}
+
+
+def _widest(kind: str, counts: tuple[int, ...]) -> float:
+    """The largest family's estimate: what `auto` counts, and what calibration scales."""
+    return max(sum(map(mul, _VECTORS[family][kind], counts)) for family in FAMILIES)
 _CJK_AT, _HANGUL_AT, _PUNCT_AT, _NEWLINE_AT, _SPACE_AT = (
     FEATURES.index(k) for k in ("cjk", "hangul", "punct", "newline", "space")
 )
@@ -205,7 +249,7 @@ def _counts(text: str) -> tuple[int, ...]:
 
 
 def features(text: str) -> dict[str, int]:
-    """Counts per feature (the names of `RATES`)."""
+    """Counts per feature (`FEATURES`)."""
     return dict(zip(FEATURES, _counts(text), strict=True))
 
 
@@ -228,15 +272,16 @@ def _kind(text: str, counts: tuple[int, ...]) -> str:
 
 
 def raw_estimate(text: str) -> float:
-    """The built-in estimate, before calibration."""
-    return FIT_MARGIN * sum(map(mul, _RATE_VECTOR, _counts(text)))
+    """The built-in `auto` estimate, before calibration (what calibration measures its scale against)."""
+    counts = _counts(text)
+    return _widest(_kind(text, counts), counts)
 
 
 ESTIMATOR = TokenEstimator()
 
 
 def estimate_tokens(text: str) -> int:
-    """Tokens `text` will cost in the user's model, leaning high (the process's estimator)."""
+    """Tokens `text` will cost in the host's model, leaning high (the process's estimator)."""
     return ESTIMATOR.estimate(text)
 
 
