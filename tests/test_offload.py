@@ -55,6 +55,30 @@ async def test_big_json_is_replaced_by_a_small_file_reference(tmp_path: Path) ->
         assert len(body["data"]) == 25000 and body["data"][7]["name"] == "item-7"
 
 
+@pytest.mark.parametrize("tokenizer", ["auto", "cl100k"])
+async def test_the_tokenizer_setting_decides_what_is_offloaded(tmp_path: Path, tokenizer: str) -> None:
+    """A log whose estimate for the widest tokenizer is above the limit and whose cl100k estimate is
+    below it: offloaded under `auto`, passed whole to a host that counts in cl100k (and the cl100k
+    estimate is still above the real count, so that host's window is not overrun)."""
+    from gateway.services.tokens import TokenEstimator
+
+    line = "2026-11-30T10:00:00Z INFO request handled path=/api/items status=200\n"  # the probe's `text`
+    size = 40_000
+    text = (line * (size // len(line) + 1))[:size]
+    narrow, wide = TokenEstimator("cl100k").estimate(text), TokenEstimator("auto").estimate(text)
+    assert cl100k(text) <= narrow < wide
+    limit = (narrow + wide) // 2
+    settings = make_settings(
+        tmp_path, {"p": probe("p", max_response_tokens=limit)}, plugins=["offload"], tokenizer=tokenizer
+    )
+    async with inproc(settings) as (_, session):
+        result = await call(session, "p__big", {"size": size, "kind": "text"})
+    if tokenizer == "auto":
+        assert ref_of(result)["fileRef"]["tokens"] == wide
+    else:
+        assert text_of(result) == text
+
+
 async def test_small_results_pass_untouched_and_token_limit_applies(tmp_path: Path) -> None:
     async with inproc(offload_settings(tmp_path, max_response_tokens=1000)) as (_, session):
         echo = await call(session, "p__echo", {"text": "short"})

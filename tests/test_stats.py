@@ -64,3 +64,10 @@ def test_stats_command_prints_the_figures(tmp_path: Path) -> None:
     assert row.split()[:5] == ["fs", "read_file", "direct", "2", "1"] and "340,000" in row and "offload" in row
     as_json = json.loads(run_cli("stats", "--config", str(cfg), "--json").stdout)
     assert as_json["totals"]["all"] == {"calls": 2, "errors": 1, "tokens_returned": 705, "tokens_saved": 340_000}
+    # the figures say which tokenizer they are counted for, and how to name the host's
+    assert "for the widest common tokenizer" in out.stdout and "[gateway] tokenizer" in out.stdout
+    assert as_json["tokenizer"] == "auto"
+    named = run_cli("stats", "--config", str(cfg), CTX_TOKENIZER="cl100k")
+    assert "for the cl100k (GPT-4) tokenizer" in named.stdout and "widest" not in named.stdout
+    flag = run_cli("stats", "--config", str(cfg), "--tokenizer", "llama3")
+    assert flag.returncode == 0 and "for the Llama 3 tokenizer" in flag.stdout

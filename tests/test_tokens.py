@@ -37,25 +37,53 @@ def fake_llm(request):
     fake.stop()
 
 
+# Held-out medians (estimate / real count) the shipped fit reaches, by the kind the estimate sees at
+# run time; the target is 1.15, reached for prose, JSON and CJK, not for code (docs/token-estimate.md).
+MEDIAN_CEILING = {"prose": 1.2, "json": 1.2, "cjk": 1.15, "code": 1.45}
+UNDER_AT_MOST = 0.02  # of a kind's held-out windows (the target is 0: not reached for Markdown)
+
+
+@pytest.fixture(scope="module")
+def real_tokenizers() -> dict[str, object]:
+    return token_corpus.tokenizers()
+
+
 @pytest.mark.parametrize("kind", list(token_corpus.KINDS))
-def test_estimate_never_undercounts_and_stays_close(kind: str) -> None:
-    """In-sample (the fit saw these kinds); bench/tokens.py reports the held-out figures."""
-    toks = token_corpus.tokenizers()
-    windows = token_corpus.KINDS[kind](120)
+def test_held_out_estimate_never_undercounts_and_stays_close(kind: str, real_tokenizers: dict[str, object]) -> None:
+    """On the held-out half of each kind's text (the fit saw only the tuning half): per tokenizer family,
+    the estimate named for it is never below its real count; `auto` is never below any of them."""
+    windows = token_corpus.kind_windows(kind, 120, "held")
     if not windows:
         pytest.skip(f"{kind}: its source is not installed on this machine")
     assert len(windows) >= 100
-    under = {name: 0 for name in toks}
-    ratios = []
-    for window in windows:
-        counts = {name: len(tok.encode(window)) for name, tok in toks.items()}
-        estimate = BUILT_IN.estimate(window)
-        for name, count in counts.items():
-            under[name] += estimate < count
-        ratios.append(estimate / max(counts.values()))
-    for name, count in under.items():
-        assert count / len(windows) <= 0.01, f"{kind}: {count} of {len(windows)} windows undercounted vs {name}"
-    assert statistics.median(ratios) <= 1.35, f"{kind}: median over-estimate {statistics.median(ratios):.2f}"
+    real = {f: [len(real_tokenizers[t].encode(w)) for w in windows] for f, t in token_corpus.FAMILIES.items()}
+    widest = [max(counts) for counts in zip(*real.values(), strict=True)]
+    runtime = {tokens.classify(w) for w in windows}
+    ceiling = max(MEDIAN_CEILING[k] for k in runtime)
+    for family, counts in [*real.items(), ("auto", widest)]:
+        estimator = TokenEstimator(family)
+        estimates = [estimator.estimate(w) for w in windows]
+        under = sum(e < c for e, c in zip(estimates, counts, strict=True))
+        if family == "auto":
+            under = sum(any(e < real[f][i] for f in real) for i, e in enumerate(estimates))
+        assert under <= UNDER_AT_MOST * len(windows), (
+            f"{kind}: {under} of {len(windows)} held-out windows undercounted for {family}"
+        )
+        median = statistics.median(e / c for e, c in zip(estimates, counts, strict=True))
+        assert median <= ceiling, f"{kind} ({family}): median over-estimate {median:.2f}"
+
+
+def test_a_named_tokenizer_counts_a_repeated_log_closer_than_auto(real_tokenizers: dict[str, object]) -> None:
+    """The report's case: a 3.6 MB log of repeated lines. `auto` counts for Qwen (a token per digit);
+    a host on cl100k gets a figure near its own count, still above it."""
+    windows = token_corpus.kind_windows("app-log", 400, "held")
+    text = "\n".join(windows * 5)
+    assert len(text) > 3_000_000
+    real = len(real_tokenizers["cl100k"].encode(text))
+    named, auto = TokenEstimator("cl100k").estimate(text), TokenEstimator("auto").estimate(text)
+    assert real <= named <= 1.45 * real and named < auto
+    with pytest.raises(ValueError, match="unknown tokenizer"):
+        TokenEstimator("gpt2")
 
 
 def test_estimate_handles_edge_content() -> None:

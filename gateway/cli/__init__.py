@@ -104,7 +104,7 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...] | None] = {
     "inspect": None,
     "accept": None,  # starts the named servers, as inspect does
     "demo": ("workspace",),
-    "stats": ("workspace",),
+    "stats": ("workspace", "tokenizer"),
     "clean": ("workspace",),
 }
 
