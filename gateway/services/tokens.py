@@ -303,6 +303,12 @@ class TokenEstimator:
             return "calibrated against the model endpoint"
         return "for " + describe_tokenizer(self.family)
 
+    def short_label(self) -> str:
+        """A few words for a note the model reads: `cl100k`, `the calibrated model`, `the widest tokenizer`."""
+        if self.calibrated():
+            return "the calibrated model"
+        return self.family if self.family != "auto" else "the widest tokenizer"
+
     def estimate(self, text: str) -> int:
         """Tokens `text` will cost in the host's model, leaning high."""
         if not text:

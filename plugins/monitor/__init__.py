@@ -22,7 +22,7 @@ from gateway.services.tokens import estimate_tokens
 
 log = logging.getLogger("plugins.monitor")
 MAX_LEDGERS = 1024
-LEDGER_SOURCE = "gateway estimate: tool traffic only"
+LEDGER_SOURCE = "gateway estimate{}: tool traffic only"  # for which tokenizer
 BRIDGE_SOURCE = "reported by the host"
 
 
@@ -67,7 +67,8 @@ class MonitorPlugin(Plugin):
         if window.tokens is None:
             return None, "window unknown", None
         used = self._ledger(session_id).used
-        return max(0.0, 100.0 * (1 - used / window.tokens)), LEDGER_SOURCE, window.tokens
+        source = LEDGER_SOURCE.format(" for " + self.ctx.tokens.short_label())
+        return max(0.0, 100.0 * (1 - used / window.tokens)), source, window.tokens
 
     async def on_tools_listed(self, tools: list[types.Tool], session_id: str) -> list[types.Tool]:
         # The host replaces its list on every tools/list, so definitions are counted once, not summed.
