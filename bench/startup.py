@@ -1,57 +1,147 @@
-"""Start-up as a host waits for it: from starting the process to the answer of the first tools/list,
-for the demo upstream alone and for the gateway in front of it (all four plugins), same run.
+"""Start-up as a host waits for it: from starting the processes to the answer of the first tools/list.
 
-    python bench/startup.py [--runs 7] [--source DIR]
+Both sides in one run, rounds interleaved (a slow moment of the machine hits both):
 
-`--source` runs the gateway from another checkout (to compare two versions on one machine).
+- the host starting the servers itself, all at once as Claude Code does: each process started, initialized
+  and listed in parallel; the host has every tool when the slowest of them answered;
+- the gateway (all four plugins) in front of the same servers: one process started, initialized, listed.
+
+The servers: the npm filesystem and everything servers and `mcp-server-time` (PyPI, in the test extras).
+The npm ones are installed as the tests install them (`.ci/npm`, `tests/npm_servers.py`; needs npm).
+
+    python bench/startup.py [--runs 7] [--source DIR] [--before DIR] [--demo]
+
+`--source` runs the gateway from another checkout; `--before DIR` adds a row for the gateway from another
+checkout in the same rounds (two versions compared in one run); `--demo` fronts only the demo upstream
+instead (no npm needed).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 
+ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import stdio_session, table, write_config
+sys.path.insert(0, str(ROOT / "tests"))
+from common import stdio_session, table  # noqa: E402
+
+PLUGINS = ["offload", "memory", "documents", "monitor"]
 
 
-async def first_list(argv: list[str], log: Path, source: str | None = None) -> float:
+def servers(tmp: Path, demo: bool) -> dict[str, dict[str, Any]]:
+    """name -> {command, args}: what the host (or the gateway) starts."""
+    if demo:
+        return {"demo": {"command": sys.executable, "args": ["-m", "gateway.cli.demo_upstream"]}}
+    from fleet import python_bin
+    from npm_servers import npm_bin
+
+    (tmp / "files").mkdir(exist_ok=True)
+    return {
+        "fs": {"command": npm_bin("mcp-server-filesystem"), "args": [str(tmp / "files")]},
+        "everything": {"command": npm_bin("mcp-server-everything"), "args": ["stdio"]},
+        "time": {"command": python_bin("mcp-server-time"), "args": ["--local-timezone", "UTC"]},
+    }
+
+
+def gateway_config(path: Path, workspace: Path, fleet: dict[str, dict[str, Any]]) -> Path:
+    lines = ["[gateway]", f"workspace = {json.dumps(str(workspace))}", f"plugins = {json.dumps(PLUGINS)}", ""]
+    for name, spec in fleet.items():
+        lines += [f"[servers.{name}]", f"command = {json.dumps(spec['command'])}", f"args = {json.dumps(spec['args'])}"]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+async def list_all(command: str, argv: list[str], log: Path, env: dict[str, str] | None, cwd: str | None) -> int:
+    async with stdio_session(argv, log, python=command, env=env, cwd=cwd) as session:
+        tools, cursor = 0, None
+        while True:
+            page = await session.list_tools(cursor=cursor) if cursor else await session.list_tools()
+            tools += len(page.tools)
+            if not (cursor := page.next_cursor):
+                return tools
+
+
+async def host_side(fleet: dict[str, dict[str, Any]], log: Path) -> tuple[float, int]:
+    """Every server started, initialized and listed at once; the time until the slowest answered."""
+    counts: list[int] = []
+
+    async def one(spec: dict[str, Any]) -> None:
+        counts.append(await list_all(spec["command"], spec["args"], log, None, None))
+
+    t = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for spec in fleet.values():
+            tg.start_soon(one, spec)
+    return time.perf_counter() - t, sum(counts)
+
+
+async def gateway_side(config: Path, log: Path, source: str | None) -> tuple[float, int]:
     t = time.perf_counter()
     # `python -m` looks in its working folder first: started in `source`, it runs that checkout
-    async with stdio_session(argv, log, env={"PYTHONPATH": source} if source else None, cwd=source) as session:
-        await session.list_tools()
-        return time.perf_counter() - t
+    env = {"PYTHONPATH": source} if source else None
+    tools = await list_all(sys.executable, ["-m", "gateway", "--config", str(config)], log, env, source)
+    return time.perf_counter() - t, tools
 
 
 async def main(args: argparse.Namespace) -> None:
-    runs, source = args.runs, args.source
     tmp = Path(tempfile.mkdtemp(prefix="ctx-bench-startup-"))
-    cfg = write_config(tmp / "g.toml", tmp / "ws", ["offload", "memory", "documents", "monitor"])
-    direct, gateway = [], []
-    for _ in range(runs):  # interleaved, so a slow moment of the machine hits both
-        direct.append(await first_list(["-m", "gateway.cli.demo_upstream"], tmp / "d.log"))
-        gateway.append(await first_list(["-m", "gateway", "--config", str(cfg)], tmp / "g.log", source))
-    d, g = statistics.median(direct), statistics.median(gateway)
-    print(
-        table(
-            [
-                ["path", "runs", "median s", "min s"],
-                ["demo upstream alone", str(runs), f"{d:.3f}", f"{min(direct):.3f}"],
-                ["gateway + demo upstream", str(runs), f"{g:.3f}", f"{min(gateway):.3f}"],
-                ["the gateway's own share", "", f"{g - d:.3f}", ""],
-            ]
-        )
-    )
+    fleet = servers(tmp, args.demo)
+    config = gateway_config(tmp / "g.toml", tmp / "ws", fleet)
+    await host_side(fleet, tmp / "warm.log")  # the first start of each program fills the page cache
+    await gateway_side(config, tmp / "warm.log", args.source)
+    if args.before:
+        await gateway_side(config, tmp / "warm.log", args.before)
+    times: dict[str, list[float]] = {"host": [], "gateway": [], "before": []}
+    tools: dict[str, int] = {}
+    for _ in range(args.runs):
+        for side in ("host", "gateway", "before"):
+            if side == "host":
+                seconds, tools[side] = await host_side(fleet, tmp / "d.log")
+            elif side == "gateway" or args.before:
+                seconds, tools[side] = await gateway_side(
+                    config, tmp / "g.log", args.source if side == "gateway" else args.before
+                )
+            else:
+                continue
+            times[side].append(seconds)
+    host = statistics.median(times["host"])
+    labels = {
+        "host": f"host starts {' + '.join(fleet)}",
+        "gateway": "gateway in front of them",
+        "before": f"gateway from {args.before}",
+    }
+    rows = [["first tools/list", "runs", "median s", "min s", "max s", "tools", "/ host"]]
+    for side, label in labels.items():
+        if times[side]:
+            got = times[side]
+            median = statistics.median(got)
+            rows.append(
+                [
+                    label,
+                    str(len(got)),
+                    f"{median:.3f}",
+                    f"{min(got):.3f}",
+                    f"{max(got):.3f}",
+                    str(tools[side]),
+                    f"{median / host:.2f}x",
+                ]
+            )
+    print(table(rows))
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--source", help="a checkout to run the gateway from")
+    parser.add_argument("--before", help="another checkout, measured in the same rounds")
+    parser.add_argument("--demo", action="store_true", help="only the demo upstream (no npm needed)")
     anyio.run(main, parser.parse_args())

@@ -148,6 +148,15 @@ class _NotificationWithoutTraceback(logging.Filter):
         return True
 
 
+def ignore_sdk_deprecations() -> None:
+    """The SDK's deprecation warnings (about what hosts and servers send) are not the user's to act on."""
+    import warnings
+
+    from mcp import MCPDeprecationWarning  # the whole SDK loads with it
+
+    warnings.filterwarnings("ignore", category=MCPDeprecationWarning)
+
+
 def quiet_sdk_notification_errors() -> None:
     logging.getLogger("client").addFilter(_NotificationWithoutTraceback())  # the SDK client session's logger
 

@@ -427,6 +427,11 @@ class GatewaySettings(BaseModel):
         """Where oversized results are written (`clean` empties it)."""
         return self.workspace / "responses"
 
+    @property
+    def logs_dir(self) -> Path:
+        """Each stdio server's stderr log, `{name}.log`."""
+        return self.workspace / "logs"
+
 
 NAMESPACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}")
 

@@ -7,7 +7,6 @@ import argparse
 import difflib
 import logging
 import sys
-import warnings
 from pathlib import Path
 from typing import Any, get_args, get_origin
 
@@ -193,6 +192,12 @@ def _settings(args: argparse.Namespace) -> Settings:
     return settings
 
 
+def _plugin_error() -> type[Exception]:
+    from gateway.pipeline import PluginError  # imports the SDK's types: not before serve started its upstreams
+
+    return PluginError
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:
@@ -215,14 +220,12 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    from gateway.compat import quiet_sdk_notification_errors
+    from gateway.compat import ignore_sdk_deprecations, quiet_sdk_notification_errors
+    from gateway.services.storage_error import StorageError
 
     quiet_sdk_notification_errors()
-    from mcp import MCPDeprecationWarning
-
-    warnings.filterwarnings("ignore", category=MCPDeprecationWarning)
-    from gateway.pipeline import PluginError
-    from gateway.services.storage_error import StorageError
+    if args.command != "serve":  # serve imports the SDK once its upstreams started (cli/serve.py)
+        ignore_sdk_deprecations()
 
     try:
         if args.command == "import":
@@ -272,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         from gateway.cli.serve import cmd_serve
 
         return cmd_serve(settings, reload=lambda: _settings(args))
-    except (ConfigError, PluginError, StorageError) as exc:
+    except (ConfigError, StorageError, _plugin_error()) as exc:  # evaluated only when something was raised
         print(f"mcp-context-gateway: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

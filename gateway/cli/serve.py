@@ -1,4 +1,8 @@
-"""`serve`: run the gateway for a host, over stdio (default) or Streamable HTTP."""
+"""`serve`: run the gateway for a host, over stdio (default) or Streamable HTTP.
+
+Start-up is part of every host's wait, and most of the gateway's own is importing the SDK: the upstream
+processes are started first (from the settings alone), and the SDK, the front server and the plugins load
+while they start."""
 
 from __future__ import annotations
 
@@ -14,11 +18,6 @@ log = logging.getLogger("gateway")
 
 
 def cmd_serve(settings: Settings, reload: Callable[[], Settings] | None = None) -> int:
-    from gateway.compat import check_sdk_version
-    from gateway.proxy.host_transport import serve_http, serve_stdio
-    from gateway.proxy.server import Gateway
-
-    check_sdk_version()
     if not settings.enabled_servers:
         log.warning(
             "no upstream servers configured (pass --config /abs/path/gateway.toml or a host mcp.json; "
@@ -31,7 +30,27 @@ def cmd_serve(settings: Settings, reload: Callable[[], Settings] | None = None) 
             "--config FILE`, or `npx @modelcontextprotocol/inspector -- mcp-context-gateway --config FILE` (the `--` keeps --config for the gateway).",
             file=sys.stderr,
         )
-    gateway = Gateway(settings)
-    serve = serve_http if settings.gateway.transport == "http" else serve_stdio
-    anyio.run(serve, gateway, reload)
+    anyio.run(_serve, settings, reload)
     return 0
+
+
+async def _serve(settings: Settings, reload: Callable[[], Settings] | None) -> None:
+    from gateway.proxy.upstream_spawn import prestart
+
+    started = await prestart(settings.enabled_servers, settings.gateway.logs_dir)
+    try:
+        from gateway.compat import check_sdk_version, ignore_sdk_deprecations
+        from gateway.proxy.host_transport import serve_http, serve_stdio
+        from gateway.proxy.server import Gateway
+
+        ignore_sdk_deprecations()
+        check_sdk_version()
+        gateway = Gateway(settings, started=started)
+    except BaseException:  # no upstream took its process: stop them here
+        with anyio.CancelScope(shield=True):
+            async with anyio.create_task_group() as tg:
+                for one in started.values():
+                    tg.start_soon(one.aclose)
+        raise
+    serve = serve_http if settings.gateway.transport == "http" else serve_stdio
+    await serve(gateway, reload)

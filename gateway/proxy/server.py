@@ -31,6 +31,7 @@ from gateway.proxy.notices import Notices
 from gateway.proxy.reload import STOP_WAIT, Plan
 from gateway.proxy.routing import URI_SEP, Route, RoutingTable
 from gateway.proxy.upstream import Upstream
+from gateway.proxy.upstream_spawn import Started
 from gateway.results import error_result
 from gateway.services import process_tree, spill
 from gateway.services.context_levels import HostBridge
@@ -111,13 +112,19 @@ def _page(items: Sequence[Any], cursor: str | None) -> tuple[list[Any], str | No
 class Gateway:
     """Upstreams + routing table + plugin pipeline + the front `Server`."""
 
-    def __init__(self, settings: Settings, plugins: Sequence[Plugin] | None = None):
+    def __init__(
+        self, settings: Settings, plugins: Sequence[Plugin] | None = None, started: dict[str, Started] | None = None
+    ):
+        """`started`: upstream processes already started (`upstream_spawn.prestart`), taken by their upstreams."""
         self.settings = settings
         workspace = settings.gateway.workspace
         self.pipeline = build_pipeline(settings, plugins)
         # a plugin that takes results with their long texts on disk lets upstreams spool huge replies
         self.spiller = Spiller(workspace / "spill") if self.pipeline.reads_spilled else None
-        self.upstreams = {name: self._new_upstream(name, cfg) for name, cfg in settings.enabled_servers.items()}
+        self.upstreams = {
+            name: self._new_upstream(name, cfg, (started or {}).get(name))
+            for name, cfg in settings.enabled_servers.items()
+        }
         self._tg: anyio.abc.TaskGroup | None = None  # where upstreams run (added ones too, on reload)
         storage = Storage(settings.storage)
         self.stats = Stats(workspace, storage)
@@ -169,16 +176,17 @@ class Gateway:
         )
         self.lean.server_info = lambda: self.server.server_info_stamp
 
-    def _new_upstream(self, name: str, cfg: ServerConfig) -> Upstream:
+    def _new_upstream(self, name: str, cfg: ServerConfig, started: Started | None = None) -> Upstream:
         return Upstream(
             name,
             cfg,
-            self.settings.gateway.workspace / "logs",
+            self.settings.gateway.logs_dir,
             on_change=self._upstream_changed,
             spiller=self.spiller,
             # the notices room is made after the upstreams (it needs the routing table over them)
             on_notice=lambda upstream, message: self.notices.relay(upstream, message),
             roots_host=lambda: self.notices.roots_host(),
+            started=started,
         )
 
     def _spawn(self, task: Callable[[], Awaitable[None]]) -> None:

@@ -33,6 +33,7 @@ import gateway.compat as compat
 from gateway.progress import ProgressReporter, no_progress
 from gateway.proxy.lean import Clock, Outcome, RawRequests, parse_result
 from gateway.proxy.upstream_http import SpoolingTransport
+from gateway.proxy.upstream_spawn import Started, open_log
 from gateway.proxy.upstream_stdio import linear_stdio_client
 from gateway.results import error_result
 from gateway.services.spill import Spiller
@@ -43,7 +44,6 @@ log = logging.getLogger("gateway.upstream")
 BACKOFF_FIRST = 1.0
 BACKOFF_MAX = 30.0
 HEALTHY_AFTER = 60.0  # a connection that lived this long resets the backoff
-LOG_ROTATE_BYTES = 10 * 1024 * 1024
 CLIENT_INFO = types.Implementation(name="mcp-context-gateway", version="0.1.0")
 
 PROCESS_EXITED = "the server process exited or closed its stdout"
@@ -114,8 +114,10 @@ class Upstream:
         spiller: Spiller | None = None,
         on_notice: Callable[[Upstream, Any], Awaitable[None]] | None = None,
         roots_host: Callable[[], Any] | None = None,
+        started: Started | None = None,
     ):
         self.name = name
+        self._started = started  # its process, started ahead (`upstream_spawn.prestart`): the first attempt's
         self.on_notice = on_notice  # log messages and resource updates, relayed to the hosts
         self.roots_host = roots_host  # the host to ask for roots outside a call (the latest that has them)
         self.spiller = spiller  # long replies of a stdio or HTTP server are spooled to disk (bounded memory)
@@ -212,6 +214,9 @@ class Upstream:
                     await self._wake.wait()
             backoff = min(backoff * 2, BACKOFF_MAX)
             self.restarts += 1
+        if self._started is not None:  # stopped before its first attempt
+            started, self._started = self._started, None
+            await started.aclose()
         self.state = "stopped"
         self.ready.set()
         self.finished.set()
@@ -230,12 +235,13 @@ class Upstream:
     @asynccontextmanager
     async def _transport(self) -> AsyncIterator[tuple[Any, Any]]:
         cfg = self.config.expanded()
+        started, self._started = self._started, None
+        if started is not None and started.config != cfg:  # configured otherwise since it was started
+            await started.aclose()
+            started = None
         if cfg.command:
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            if self.log_path.exists() and self.log_path.stat().st_size > LOG_ROTATE_BYTES:
-                self.log_path.replace(self.log_path.with_suffix(".log.1"))  # keep one older log
-            with open(self.log_path, "ab") as errlog:
-                self._log_mark = errlog.tell()
+            with started.errlog if started is not None else open_log(self.log_path) as errlog:
+                self._log_mark = started.mark if started is not None else errlog.tell()
                 async with linear_stdio_client(
                     cfg.command,
                     cfg.args,
@@ -246,6 +252,7 @@ class Upstream:
                     on_bytes=self._heard,
                     spiller=self.spiller,
                     raw=self.raw,
+                    process=started.process if started is not None else None,
                 ) as streams:
                     yield streams
         else:

@@ -2,51 +2,19 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 from typing import IO
 
 import anyio
 from anyio.abc import Process
-from mcp.client.stdio import get_default_environment
 from mcp.shared.message import SessionMessage
 
 import gateway.compat as compat
 from gateway.proxy.lean import RawRequests
 from gateway.proxy.stdio_lines import READ_CHUNK, line_tap, pump_lines, pump_writes
+from gateway.proxy.upstream_spawn import inherited_environment, spawn, stop
 from gateway.services.spill import Spiller
-
-TERMINATION_GRACE = 2.0  # after stdin closes, before SIGTERM to the process group
-KILL_GRACE = 2.0  # after SIGTERM, before SIGKILL
-
-
-async def _spawn(command: str, args: list[str], env: dict[str, str], cwd: str | None, errlog: IO[bytes]) -> Process:
-    if sys.platform == "win32":  # pragma: no cover - Job Objects keep the tree together on Windows
-        return await compat.windows_process(compat.windows_executable(command), args, env, errlog, cwd)
-    # stdin is a fresh pipe: the child never inherits the gateway's own stdin (the host's protocol pipe).
-    return await anyio.open_process(
-        [command, *args], env=env, cwd=cwd, stdin=subprocess.PIPE, stderr=errlog, start_new_session=True
-    )
-
-
-async def _stop(process: Process) -> None:
-    """Close stdin, wait, SIGTERM the process group, wait, SIGKILL. Shielded and bounded."""
-    with anyio.CancelScope(shield=True):
-        if process.stdin is not None:
-            with suppress(Exception):
-                await process.stdin.aclose()
-        with anyio.move_on_after(TERMINATION_GRACE):
-            while process.returncode is None:
-                await anyio.sleep(0.01)
-        if process.returncode is None:
-            await compat.terminate_process_tree(process, KILL_GRACE)
-        with anyio.move_on_after(KILL_GRACE):
-            while process.returncode is None:
-                await anyio.sleep(0.01)
-        with suppress(Exception):
-            await process.aclose()
 
 
 def _heard_first(feed: Callable[[bytes], None], heard: Callable[[], None]) -> Callable[[bytes], None]:
@@ -70,6 +38,7 @@ async def linear_stdio_client(
     on_bytes: Callable[[], None] | None = None,
     spiller: Spiller | None = None,
     raw: RawRequests | None = None,
+    process: Process | None = None,
 ) -> AsyncIterator[tuple[anyio.abc.ObjectReceiveStream, anyio.abc.ObjectSendStream]]:
     """Start `command` and yield `(read, write)` streams for `ClientSession`.
 
@@ -77,9 +46,11 @@ async def linear_stdio_client(
     owner can reconnect instead of waiting for a call to fail. `on_bytes` is called whenever bytes come
     from the child (any read, whole lines or not: a sign of life). With `spiller`, long lines are spooled
     to disk as they arrive (bounded memory for huge results). With `raw`, requests can also be written
-    beside the SDK's session (the lean path) and their replies are taken off the line for it.
+    beside the SDK's session (the lean path) and their replies are taken off the line for it. `process`:
+    one already started with these arguments (`upstream_spawn.prestart`), taken instead of starting one.
     """
-    process = await _spawn(command, args, get_default_environment() | (env or {}), cwd or None, errlog)
+    if process is None:
+        process = await spawn(command, args, inherited_environment() | (env or {}), cwd or None, errlog)
     read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](16)
     write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](16)
     send, write = compat.direct_sinks(process.stdin)
@@ -130,5 +101,5 @@ async def linear_stdio_client(
                 raw.detach()
             with anyio.CancelScope(shield=True):
                 await write_send.aclose()
-                await _stop(process)
+                await stop(process)
             tg.cancel_scope.cancel()
