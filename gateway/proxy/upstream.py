@@ -448,15 +448,21 @@ class Upstream:
 
     async def _list_all(self, session: ClientSession) -> None:
         caps = session.server_capabilities
-        self.tools = (
-            await _paginate(lambda params: _list_tools(session, params), "tools") if caps and caps.tools else []
-        )
-        if caps and caps.resources:
-            self.resources = await _paginate(session.list_resources, "resources")
-            self.templates = await _paginate(session.list_resource_templates, "resource_templates")
-        else:
-            self.resources, self.templates = [], []
-        self.prompts = await _paginate(session.list_prompts, "prompts") if caps and caps.prompts else []
+        lists: dict[str, list[Any]] = {"tools": [], "resources": [], "resource_templates": [], "prompts": []}
+
+        async def fill(kind: str, fetch: Callable[[Any], Awaitable[Any]]) -> None:
+            lists[kind] = await _paginate(fetch, kind)
+
+        async with anyio.create_task_group() as tg:  # at once: the first listing waits for the slowest
+            if caps and caps.tools:
+                tg.start_soon(fill, "tools", lambda params: _list_tools(session, params))
+            if caps and caps.resources:
+                tg.start_soon(fill, "resources", session.list_resources)
+                tg.start_soon(fill, "resource_templates", session.list_resource_templates)
+            if caps and caps.prompts:
+                tg.start_soon(fill, "prompts", session.list_prompts)
+        self.tools, self.resources = lists["tools"], lists["resources"]
+        self.templates, self.prompts = lists["resource_templates"], lists["prompts"]
 
     # -- forwarding -------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ code by top-level blocks.
 
 from __future__ import annotations
 
+import functools
 import gc
 import itertools
 import logging
@@ -20,11 +21,13 @@ from bisect import bisect_left
 from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-
-from markdown_it import MarkdownIt
+from typing import TYPE_CHECKING
 
 from gateway.services.search_index import expand
 from gateway.services.tokens import estimate_tokens
+
+if TYPE_CHECKING:
+    from markdown_it import MarkdownIt
 
 log = logging.getLogger("plugins.documents")
 
@@ -280,8 +283,14 @@ def chunk_document(text: str, kind: str, size: int = CHUNK_TOKENS) -> list[Chunk
 
 # Only block structure is needed: inline parsing (emphasis, links) is skipped, and so is markdown-it's
 # table rule (60 % of the parse, a token per cell): a table is one paragraph block to markdown-it, and
-# `_is_table` tells it by its delimiter row.
-_MD = MarkdownIt("commonmark").disable(["inline", "text_join"])
+# `_is_table` tells it by its delimiter row. Made on first use: loading markdown-it is no part of start-up.
+@functools.cache
+def _markdown() -> MarkdownIt:
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark").disable(["inline", "text_join"])
+
+
 _DELIMITER_ROW = re.compile(r"\s*\|?\s*:?-+:?\s*(?:\|\s*:?-+:?\s*)*\|?\s*")
 
 
@@ -324,7 +333,7 @@ def markdown_blocks(text: str) -> list[Block]:
 def _markdown_blocks(text: str) -> list[Block]:
     lines = text.splitlines(keepends=True)
     starts: list[tuple[int, str, int]] = []
-    for token in _MD.parse(text):
+    for token in _markdown().parse(text):
         if token.level == 0 and token.nesting >= 0 and token.map:
             kind = {"heading_open": "heading", "fence": "fence", "code_block": "fence", "table_open": "table"}.get(
                 token.type, "other"

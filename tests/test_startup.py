@@ -1,0 +1,99 @@
+"""Start-up as a host sees it: the upstream processes start before the gateway loads the SDK, and the first
+listing has every server's tools."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import PY, gateway_env, probe, stdio_gateway, text_of, write_config
+from fleet import python_bin
+
+pytestmark = pytest.mark.anyio
+
+# what `serve` must not have imported when it starts the upstream processes: the SDK (most of the gateway's
+# own start-up) and what only some calls need
+LAZY = (
+    "mcp",
+    "mcp_types",
+    "httpx",
+    "httpx2",
+    "uvicorn",
+    "starlette",
+    "duckdb",
+    "markdown_it",
+    "psycopg",
+    "prometheus_client",
+    "watchfiles",
+    "ijson",
+    "jsonpath_ng",
+)
+
+# run as `python -c`: the first process the gateway starts reports which of LAZY were loaded by then
+SPY = """
+import json, sys, anyio
+async def first_process(*args, **kwargs):
+    loaded = sorted(name for name in LAZY if name in sys.modules)
+    print(json.dumps(loaded), flush=True)
+    import os
+    os._exit(0)
+anyio.open_process = first_process
+from gateway.cli import main
+main(["serve", "--config", sys.argv[1]])
+"""
+
+
+def test_serve_starts_the_upstreams_before_it_loads_the_sdk(tmp_path: Path) -> None:
+    config = write_config(tmp_path, {"p": probe("p")}, plugins=["offload", "memory", "documents", "monitor"])
+    spy = f"LAZY = {LAZY!r}\n{SPY}"
+    done = subprocess.run(
+        [PY, "-c", spy, str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        env=gateway_env(),
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [], "imported before the first upstream process started"
+
+
+def test_import_of_the_command_line_loads_no_sdk() -> None:
+    code = f"import sys, json, gateway.cli; print(json.dumps(sorted(n for n in {LAZY!r} if n in sys.modules)))"
+    done = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60, env=gateway_env())
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == []
+
+
+async def test_the_first_listing_has_every_servers_tools(tmp_path: Path) -> None:
+    """A real gateway process fronting a quick probe, one slow to start (1.5 s) and the PyPI time server:
+    the host's first tools/list, sent at once, has the tools of all three; each server was started once
+    (the process started ahead is the one the gateway talks to)."""
+    servers = {
+        "quick": probe("quick"),
+        "slow": probe("slow", "--start-delay", "1.5"),
+        "time": {"command": python_bin("mcp-server-time"), "args": ["--local-timezone", "UTC"]},
+    }
+    config = write_config(tmp_path, servers, plugins=["offload", "memory", "documents", "monitor"])
+    async with stdio_gateway(config, tmp_path / "gateway.log") as session:
+        names = {tool.name for tool in (await session.list_tools()).tools}
+        assert {"quick__echo", "slow__echo", "time__get_current_time", "context_guide"} <= names
+        pid = int(text_of(await session.call_tool("slow__pid", {})))
+    for name in ("quick", "slow"):
+        starts = re.findall(r"probe \w+ starting \(pid (\d+)\)", (tmp_path / "ws" / "logs" / f"{name}.log").read_text())
+        assert len(starts) == 1, f"{name} was started {len(starts)} times"
+        if name == "slow":
+            assert int(starts[0]) == pid
+
+
+def test_servers_inherit_what_the_sdk_passes_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The list of inherited variables is the SDK's (it is copied to start servers before the SDK loads)."""
+    from mcp.client.stdio import get_default_environment
+
+    from gateway.proxy.upstream_spawn import inherited_environment
+
+    monkeypatch.setenv("TERM", "() { :; }")  # a shell function is never passed on
+    assert inherited_environment() == get_default_environment()
