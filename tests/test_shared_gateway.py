@@ -61,13 +61,18 @@ def test_token_names_that_differ_by_case_are_refused(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
 
 
-@pytest.mark.skipif(sys.platform == "win32", reason="SIGHUP is POSIX")
+@pytest.mark.skipif(sys.platform != "linux", reason="reads the signal mask in /proc; SIGHUP is POSIX")
 def test_a_sighup_while_starting_does_not_end_the_gateway(tmp_path: Path) -> None:
     """A SIGHUP right after start (before the reloader listens) is remembered, not the end of the process."""
     cfg = write_config(tmp_path, {"p": probe("p")})
     proc = gateway_pipes(cfg)
     try:
-        time.sleep(0.5)  # inside the start-up window, where a SIGHUP used to kill it (exit 129)
+        # as soon as the process holds SIGHUP (its first step), inside the start-up window where a SIGHUP
+        # used to kill it (exit 129)
+        deadline = time.monotonic() + 20
+        while not _catches_sighup(proc.pid):
+            assert proc.poll() is None and time.monotonic() < deadline, "the gateway never held SIGHUP"
+            time.sleep(0.005)
         proc.send_signal(signal.SIGHUP)
         assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.write(
@@ -80,6 +85,14 @@ def test_a_sighup_while_starting_does_not_end_the_gateway(tmp_path: Path) -> Non
     finally:
         proc.kill()
         proc.wait()
+
+
+def _catches_sighup(pid: int) -> bool:
+    """Whether a process has a handler for SIGHUP (bit 0 of SigCgt in /proc/PID/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) & 1)
+    return False
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="finds the gateway's process in /proc and sends it SIGHUP")

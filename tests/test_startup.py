@@ -97,3 +97,19 @@ def test_servers_inherit_what_the_sdk_passes_on(monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setenv("TERM", "() { :; }")  # a shell function is never passed on
     assert inherited_environment() == get_default_environment()
+
+
+def test_sighup_is_held_before_the_command_line_loads() -> None:
+    """A host's SIGHUP in the first instant must not end the gateway: the entry point holds it before it
+    imports anything of the command line (settings and pydantic take a good part of a second)."""
+    code = (
+        "import sys, gateway.proxy.sighup as s\n"
+        "held = []\n"
+        "s.hold = lambda: held.append('gateway.settings' in sys.modules or 'pydantic' in sys.modules)\n"
+        "sys.argv = ['mcp-context-gateway', '--version']\n"
+        "import gateway.launch\n"
+        "try:\n    gateway.launch.main()\nexcept SystemExit:\n    pass\n"
+        "print(held)\n"
+    )
+    done = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60, env=gateway_env())
+    assert done.stdout.strip().splitlines()[-1] == "[False]", done.stdout + done.stderr

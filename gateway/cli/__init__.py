@@ -210,10 +210,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not argv or argv[0] not in (*COMMANDS, "-h", "--help", "--version"):
         argv.insert(0, "serve")
-    if argv[0] == "serve":  # first of all: a SIGHUP while starting must not end the process
-        from gateway.proxy.sighup import hold
+    from gateway.proxy.sighup import hold, let_go
 
+    if argv[0] == "serve":  # first of all: a SIGHUP while starting must not end the process
         hold()
+    else:  # held by the entry point (`gateway.launch`) before this module loaded
+        let_go()
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         stream=sys.stderr,

@@ -15,3 +15,9 @@ def hold() -> None:
     """From now until the reloader listens, a SIGHUP sets EARLY instead of ending the process."""
     if sys.platform != "win32":
         signal.signal(signal.SIGHUP, lambda *_: EARLY.set())
+
+
+def let_go() -> None:
+    """A command other than `serve`: SIGHUP ends it, as it ends any command (undoes `hold`)."""
+    if sys.platform != "win32":
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
