@@ -346,6 +346,33 @@ def start_postgres() -> Any:
         pytest.skip(f"PostgreSQL could not start here: {type(exc).__name__}: {exc}")
 
 
+def replicas_config(tmp_path: Path, dsn: str, **gateway: Any) -> Path:
+    """The config every replica of a test runs: the probe server, PostgreSQL at `dsn`, one workspace
+    folder, two named tokens (alice and bob)."""
+    cfg = write_config(tmp_path, {"p": probe("p")}, plugins=["offload", "memory", "documents"], **gateway)
+    cfg.write_text(
+        cfg.read_text()
+        + f'\n[storage]\nbackend = "postgres"\ndsn = {json.dumps(dsn)}\n'
+        + f'\n[[auth.tokens]]\nname = "alice"\ntoken = "{ALICE}"\n\n[[auth.tokens]]\nname = "bob"\ntoken = "{BOB}"\n'
+    )
+    return cfg
+
+
+def start_replica(cfg: Path, log: Path, *extra: str) -> tuple[Any, str]:
+    """One gateway replica over Streamable HTTP on a free port (stderr appended to `log`): the process
+    and its /mcp URL, once it answers."""
+    import subprocess
+
+    port = free_port()
+    argv = [PY, "-m", "gateway", "--config", str(cfg), "--transport", "http", "--port", str(port), *extra]
+    with open(log, "ab") as err:
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=gateway_env()
+        )
+    wait_listening(f"http://127.0.0.1:{port}/nothing", proc)
+    return proc, f"http://127.0.0.1:{port}/mcp"
+
+
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[str]:
     """The test session's PostgreSQL server, as a connection string."""

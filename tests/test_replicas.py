@@ -5,69 +5,32 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 import anyio
-import httpx2
 import pytest
 from conftest import (
-    PY,
+    ALICE,
+    BOB,
     call,
-    free_port,
-    gateway_env,
     inproc,
     make_settings,
     probe,
+    replicas_config,
     run_cli,
     start_postgres,
+    start_replica,
+    tenant_session,
     text_of,
-    wait_listening,
-    write_config,
 )
 from mcp import ClientSession
-from mcp.client.streamable_http import streamable_http_client
 
 from gateway.services.stats import summary
 from gateway.services.storage import Storage
 from gateway.settings import StorageSettings
 
 pytestmark = pytest.mark.anyio
-ALICE, BOB = "alice-token-0123456789abcdef", "bob-token-0123456789abcdefgh"
-
-
-def _config(tmp_path: Path, dsn: str) -> Path:
-    cfg = write_config(tmp_path, {"p": probe("p")}, plugins=["offload", "memory", "documents"])
-    cfg.write_text(
-        cfg.read_text()
-        + f'\n[storage]\nbackend = "postgres"\ndsn = {json.dumps(dsn)}\n'
-        + f'\n[[auth.tokens]]\nname = "alice"\ntoken = "{ALICE}"\n\n[[auth.tokens]]\nname = "bob"\ntoken = "{BOB}"\n'
-    )
-    return cfg
-
-
-def _replica(cfg: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    argv = [PY, "-m", "gateway", "--config", str(cfg), "--transport", "http", "--port", str(port)]
-    with open(log, "ab") as err:
-        proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=gateway_env()
-        )
-    wait_listening(f"http://127.0.0.1:{port}/nothing", proc)
-    return proc, f"http://127.0.0.1:{port}/mcp"
-
-
-@asynccontextmanager
-async def _host(url: str, token: str) -> AsyncIterator[ClientSession]:
-    async with (
-        httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=httpx2.Timeout(30)) as http,
-        streamable_http_client(url, http_client=http) as (read, write),
-        ClientSession(read, write) as session,
-    ):
-        await session.initialize()
-        yield session
 
 
 async def _ok(session: ClientSession, tool: str, args: dict) -> dict:
@@ -77,14 +40,14 @@ async def _ok(session: ClientSession, tool: str, args: dict) -> dict:
 
 
 async def test_what_one_replica_writes_the_other_reads(tmp_path: Path, postgres_dsn: str) -> None:
-    cfg = _config(tmp_path, postgres_dsn)
-    a, url_a = _replica(cfg, tmp_path / "a.log")
-    b, url_b = _replica(cfg, tmp_path / "b.log")
+    cfg = replicas_config(tmp_path, postgres_dsn)
+    a, url_a = start_replica(cfg, tmp_path / "a.log")
+    b, url_b = start_replica(cfg, tmp_path / "b.log")
     try:
         async with AsyncExitStack() as stack:
-            alice_a = await stack.enter_async_context(_host(url_a, ALICE))
-            alice_b = await stack.enter_async_context(_host(url_b, ALICE))
-            bob_b = await stack.enter_async_context(_host(url_b, BOB))
+            alice_a = await stack.enter_async_context(tenant_session(url_a, ALICE))
+            alice_b = await stack.enter_async_context(tenant_session(url_b, ALICE))
+            bob_b = await stack.enter_async_context(tenant_session(url_b, BOB))
 
             # a note appended through A is recalled through B (Korean too)
             await _ok(alice_a, "context_append", {"session_id": "plan", "text": "배포는 금요일 오후에 한다"})
@@ -127,15 +90,15 @@ async def test_what_one_replica_writes_the_other_reads(tmp_path: Path, postgres_
 
 
 async def test_a_replica_killed_mid_traffic_loses_no_acknowledged_note(tmp_path: Path, postgres_dsn: str) -> None:
-    cfg = _config(tmp_path, postgres_dsn)
-    a, url_a = _replica(cfg, tmp_path / "a.log")
-    b, url_b = _replica(cfg, tmp_path / "b.log")
+    cfg = replicas_config(tmp_path, postgres_dsn)
+    a, url_a = start_replica(cfg, tmp_path / "a.log")
+    b, url_b = start_replica(cfg, tmp_path / "b.log")
     acknowledged: list[str] = []
     try:
 
         async def write_through_a() -> None:
             try:
-                async with _host(url_a, ALICE) as alice_a:
+                async with tenant_session(url_a, ALICE) as alice_a:
                     for i in range(10_000):
                         text = f"note {i} 기록"
                         result = await alice_a.call_tool("context_append", {"session_id": "log", "text": text})
@@ -153,7 +116,7 @@ async def test_a_replica_killed_mid_traffic_loses_no_acknowledged_note(tmp_path:
             a.wait(15)
         assert len(acknowledged) >= 40
 
-        async with _host(url_b, ALICE) as alice_b:  # B keeps serving, and has every acknowledged note
+        async with tenant_session(url_b, ALICE) as alice_b:  # B keeps serving, and has every acknowledged note
             opened = await _ok(alice_b, "context_open", {"session_id": "log"})
             assert opened["entries"] >= len(acknowledged)
             await _ok(alice_b, "context_append", {"session_id": "log", "text": "after the crash"})
@@ -176,7 +139,7 @@ def _needs_postgres(postgres_server: str) -> None:
 
 
 def test_inspect_names_the_backend_and_an_unreachable_one_is_one_line(tmp_path: Path, postgres_dsn: str) -> None:
-    cfg = _config(tmp_path, postgres_dsn)
+    cfg = replicas_config(tmp_path, postgres_dsn)
     shown = run_cli("inspect", "--config", str(cfg))
     assert shown.returncode == 0, shown.stderr
     assert "storage: postgres 1" in shown.stdout and "password" not in shown.stdout
