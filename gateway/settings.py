@@ -370,6 +370,11 @@ class GatewaySettings(BaseModel):
     freeze_definitions: bool = Field(
         False, description="serve each tool's first definition; refuse calls to one that changed"
     )
+    replica_name: str = Field(
+        "",
+        description="this gateway's name in the usage figures and /metrics (replicas on one database); "
+        "default: HOST:PORT over HTTP, the machine's name over stdio",
+    )
     lean_path: bool = Field(
         True,
         description="plain tool calls skip the MCP SDK's message handling (stdio, and hosts over HTTP); "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -281,10 +282,11 @@ async def test_metrics_in_prometheus_text_under_the_same_rules(tmp_path: Path) -
             await host.call_tool("p__fail", {})
         page = httpx2.get(metrics_url)
         assert page.status_code == 200 and page.headers["content-type"].startswith("text/plain")
+        every = [s for family in text_string_to_metric_families(page.text) for s in family.samples]
+        # every series names this gateway: HOST:PORT unless [gateway] replica_name says otherwise
+        assert {s.labels.get("replica") for s in every} == {f"{socket.gethostname()}:{url.split(':')[2][:-4]}"}
         samples = {
-            (s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(page.text)
-            for s in family.samples
+            (s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "replica"))): s.value for s in every
         }
         direct = (("server", "p"), ("tool", "echo"), ("via", "direct"))
         assert samples[("mcp_gateway_calls_total", direct)] == 1

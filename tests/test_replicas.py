@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 from contextlib import AsyncExitStack
 from pathlib import Path
 
 import anyio
+import httpx2
 import pytest
 from conftest import (
     ALICE,
@@ -170,3 +172,35 @@ async def test_a_database_outage_is_an_error_result_and_the_gateway_keeps_servin
         assert "before" in text_of(recalled) and "after" in text_of(recalled)
     server.cleanup()
     server.pgdata.parent.rmdir()
+
+
+async def test_stats_and_metrics_name_every_replica(tmp_path: Path, postgres_dsn: str) -> None:
+    """`stats` on the shared database shows each replica's calls (HOST:PORT by default), and each
+    replica's /metrics labels every series with its own name."""
+    cfg = replicas_config(tmp_path, postgres_dsn)
+    replicas = [start_replica(cfg, tmp_path / f"{i}.log") for i in range(2)]
+    names = [f"{socket.gethostname()}:{url.rsplit(':', 1)[1].split('/')[0]}" for _, url in replicas]
+    try:
+        for (_, url), calls in zip(replicas, (3, 5), strict=True):
+            async with tenant_session(url, ALICE) as alice:
+                for i in range(calls):
+                    assert text_of(await alice.call_tool("p__echo", {"text": f"hi {i}"})) == f"hi {i}"
+        with anyio.fail_after(20):  # each replica writes its rows every 2 s
+            while True:
+                shown = run_cli("stats", "--config", str(cfg), "--json")
+                assert shown.returncode == 0, shown.stderr
+                by_replica = {r["replica"]: r["calls"] for r in json.loads(shown.stdout)["replicas"]}
+                if by_replica == dict(zip(names, (3, 5), strict=True)):
+                    break
+                await anyio.sleep(0.2)
+        table = run_cli("stats", "--config", str(cfg)).stdout
+        assert all(any(line.startswith(name) for line in table.splitlines()) for name in names), table
+        for (_, url), name in zip(replicas, names, strict=True):
+            metrics = httpx2.get(url.replace("/mcp", "/metrics"), headers={"Authorization": f"Bearer {ALICE}"})
+            series = [line for line in metrics.text.splitlines() if line and not line.startswith("#")]
+            assert series and all(f'replica="{name}"' in line for line in series), metrics.text[:2000]
+            assert f'mcp_gateway_calls_total{{replica="{name}",server="p",tool="echo",via="direct"}}' in metrics.text
+    finally:
+        for proc, _ in replicas:
+            proc.terminate()
+            proc.wait(15)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import sys
+import time
 
 from gateway.cli.table import table
 from gateway.services.stats import PERIODS, summary
@@ -52,6 +53,15 @@ def cmd_stats(settings: Settings, period: str, as_json: bool) -> int:
         totals.append([label, _n(t["calls"]), _n(t["errors"]), _n(t["tokens_returned"]), _n(t["tokens_saved"])])
     print(f"usage figures in {where}")
     print(table(totals, right={1, 2, 3, 4}))
+    replicas = figures["replicas"]
+    if len(replicas) > 1:  # several gateway processes wrote here (replicas, or gateways on one workspace)
+        out = [["replica", "calls", "errors", "tokens returned", "tokens kept out", "last call"]]
+        for r in replicas:
+            last = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["last_call"])) if r["last_call"] else "-"
+            name = r["replica"] or "(before replicas were named)"
+            out.append([name, _n(r["calls"]), _n(r["errors"]), _n(r["tokens_returned"]), _n(r["tokens_saved"]), last])
+        print(f"\n{'all time' if period == 'all' else 'last ' + period}, by replica (the gateway process that served):")
+        print(table(out, right={1, 2, 3, 4}))
     rows = figures["rows"]
     if not rows:
         print(f"\nno calls recorded ({'all time' if period == 'all' else 'in the last ' + period})")

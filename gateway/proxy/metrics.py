@@ -20,7 +20,8 @@ def render(stats: Stats, upstream_states: Mapping[str, str]) -> bytes:
 
     class Figures:
         def collect(self) -> Iterator[Any]:
-            labels = ["server", "tool", "via"]
+            replica = stats.replica  # every series names its replica: one Prometheus scrapes them all
+            labels = ["replica", "server", "tool", "via"]
             families = {
                 "calls": CounterMetricFamily("mcp_gateway_calls", "Tool calls through the gateway", labels=labels),
                 "errors": CounterMetricFamily("mcp_gateway_errors", "Tool calls that ended in an error", labels=labels),
@@ -35,7 +36,7 @@ def render(stats: Stats, upstream_states: Mapping[str, str]) -> bytes:
                 "mcp_gateway_tokens_saved", "Estimated tokens kept out of the window", labels=[*labels, "by"]
             )
             for (server, tool, via), t in sorted(stats.by_key.items()):
-                values = [server, tool, via]
+                values = [replica, server, tool, via]
                 for name, family in families.items():
                     if via != "list" or name == "tokens_returned":
                         family.add_metric(values, getattr(t, name))
@@ -43,18 +44,22 @@ def render(stats: Stats, upstream_states: Mapping[str, str]) -> bytes:
                     saved.add_metric([*values, by], n)
             yield from families.values()
             yield saved
-            latency = HistogramMetricFamily("mcp_gateway_call_seconds", "Tool call latency", labels=["server"])
+            latency = HistogramMetricFamily(
+                "mcp_gateway_call_seconds", "Tool call latency", labels=["replica", "server"]
+            )
             for server, counts in sorted(stats.latency.items()):
                 cumulative, buckets = 0, []
                 for bound, n in zip((*map(str, BUCKETS), "+Inf"), counts, strict=True):
                     cumulative += n
                     buckets.append((bound, cumulative))
                 total = sum(t.seconds for (s, _, v), t in stats.by_key.items() if s == server and v != "list")
-                latency.add_metric([server], buckets, total)
+                latency.add_metric([replica, server], buckets, total)
             yield latency
-            up = GaugeMetricFamily("mcp_gateway_upstream_up", "1 when the upstream is connected", labels=["server"])
+            up = GaugeMetricFamily(
+                "mcp_gateway_upstream_up", "1 when the upstream is connected", labels=["replica", "server"]
+            )
             for server, state in upstream_states.items():
-                up.add_metric([server], 1.0 if state == "ok" else 0.0)
+                up.add_metric([replica, server], 1.0 if state == "ok" else 0.0)
             yield up
 
     registry = CollectorRegistry(auto_describe=False)

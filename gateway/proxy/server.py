@@ -48,7 +48,7 @@ from gateway.services.responses import (
     seen_on_host,
 )
 from gateway.services.spill import Spiller
-from gateway.services.stats import FLUSH_SECONDS, Row, Stats
+from gateway.services.stats import FLUSH_SECONDS, Row, Stats, replica_name
 from gateway.services.storage import Storage
 from gateway.services.window import ContextWindow
 from gateway.settings import ServerConfig, Settings
@@ -127,7 +127,8 @@ class Gateway:
         }
         self._tg: anyio.abc.TaskGroup | None = None  # where upstreams run (added ones too, on reload)
         storage = Storage(settings.storage)
-        self.stats = Stats(workspace, storage)
+        cfg = settings.gateway
+        self.stats = Stats(workspace, storage, replica_name(cfg.replica_name, cfg.transport, cfg.port))
         self._closing = anyio.Event()
         self._list_costs: dict[tuple[Any, ...], tuple[int, int]] = {}  # listing -> (tokens shown, kept out)
         self.llm = ModelEndpoint(settings.llm, workspace)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import socket
 import sqlite3
 import statistics
 import time
@@ -45,10 +46,13 @@ CREATE TABLE IF NOT EXISTS calls (
     tokens_returned INTEGER NOT NULL,
     tokens_saved INTEGER NOT NULL,
     saved_by TEXT NOT NULL,      -- offload | catalog | ""
-    ms REAL NOT NULL
+    ms REAL NOT NULL,
+    replica TEXT NOT NULL DEFAULT ''  -- the gateway process that served the call (see `replica_name`)
 );
 CREATE INDEX IF NOT EXISTS calls_ts ON calls(ts);
 """
+# a table made before the replica column: given it (every row then has replica '')
+ADD_REPLICA = "ALTER TABLE calls ADD COLUMN {} replica TEXT NOT NULL DEFAULT ''"
 COLUMNS = (
     "ts",
     "session",
@@ -62,6 +66,15 @@ COLUMNS = (
     "saved_by",
     "ms",
 )
+
+
+def replica_name(configured: str, transport: str, port: int) -> str:
+    """The name a gateway's rows and /metrics carry: `[gateway] replica_name`, else HOST:PORT for an HTTP
+    gateway (stable across restarts, one per replica), else the machine's name."""
+    if configured:
+        return configured
+    host = socket.gethostname()
+    return f"{host}:{port}" if transport == "http" else host
 
 
 @dataclass(frozen=True)
@@ -111,26 +124,41 @@ def connect(path: Path, storage: Storage | None = None) -> Any:
     if storage is not None and storage.shared:
         pg = storage.database("usage")
         pg.executescript(SCHEMA)
+        pg.execute(ADD_REPLICA.format("IF NOT EXISTS"))
         return pg
     db = sqlite3.connect(path, timeout=5.0)
     db.execute("PRAGMA journal_mode=WAL")  # several gateways (one per host) may share a workspace
     db.execute("PRAGMA synchronous=NORMAL")
     db.executescript(SCHEMA)
+    if not _has_replica(db):
+        try:
+            db.execute(ADD_REPLICA.format(""))
+        except sqlite3.OperationalError as exc:  # another gateway added it first
+            if "duplicate column" not in str(exc):
+                raise
     return db
 
 
-def _write_rows(db: Any, rows: list[Row]) -> None:
+def _has_replica(db: sqlite3.Connection) -> bool:
+    return any(row[1] == "replica" for row in db.execute("PRAGMA table_info(calls)"))
+
+
+def _write_rows(db: Any, rows: list[Row], replica: str) -> None:
     with db.transaction() if hasattr(db, "transaction") else db:
-        db.executemany(f"INSERT INTO calls VALUES ({','.join('?' * len(COLUMNS))})", [r.values() for r in rows])
+        db.executemany(
+            f"INSERT INTO calls ({', '.join(COLUMNS)}, replica) VALUES ({','.join('?' * (len(COLUMNS) + 1))})",
+            [(*r.values(), replica) for r in rows],
+        )
         db.execute("DELETE FROM calls WHERE ts < ?", (time.time() - KEEP_DAYS * 86_400,))
 
 
 class Stats:
     """The recorder: `record` is cheap (memory); `flush` writes the buffered rows (call it off the loop)."""
 
-    def __init__(self, workspace: Path, storage: Storage | None = None):
+    def __init__(self, workspace: Path, storage: Storage | None = None, replica: str = ""):
         self.path = workspace / "stats.db"
         self.storage = storage
+        self.replica = replica or socket.gethostname()
         self._pg: Any = None  # the PostgreSQL backend's connection, once written to
         self.pending: list[Row] = []
         self.by_key: dict[tuple[str, str, str], Totals] = defaultdict(Totals)  # (server, tool, via), since start
@@ -179,12 +207,12 @@ class Stats:
         if self.storage is not None and self.storage.shared:  # one connection, kept (it reconnects itself)
             if self._pg is None:
                 self._pg = connect(self.path, self.storage)
-            _write_rows(self._pg, rows)
+            _write_rows(self._pg, rows, self.replica)
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         db = connect(self.path)
         try:
-            _write_rows(db, rows)
+            _write_rows(db, rows, self.replica)
         finally:
             db.close()
 
@@ -202,11 +230,11 @@ class Stats:
 def summary(
     path: Path, period: str = "all", now: float | None = None, storage: Storage | None = None
 ) -> dict[str, Any]:
-    """Figures per server and tool for `day`, `week` or `all`, and totals per period, from `stats.db` (or
-    from PostgreSQL, every replica's)."""
+    """Figures per server and tool for `day`, `week` or `all`, totals per period, and each replica's
+    share, from `stats.db` (or from PostgreSQL, every replica's)."""
     shared = storage is not None and storage.shared
     if not shared and not path.is_file():
-        return {"period": period, "totals": {p: _empty() for p in PERIODS}, "rows": []}
+        return {"period": period, "totals": {p: _empty() for p in PERIODS}, "rows": [], "replicas": []}
     now = time.time() if now is None else now
     db = connect(path, storage) if shared else sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
     try:
@@ -258,7 +286,24 @@ def summary(
             g["p50_ms"] = round(statistics.median(ms_values), 1) if ms_values else None
             g["max_ms"] = round(max(ms_values), 1) if ms_values else None
             rows.append(g)
-        return {"period": period, "totals": totals, "rows": rows}
+        replica = "replica" if shared or _has_replica(db) else "''"  # a stats.db older than the column
+        replicas = [
+            {
+                "replica": name,
+                "calls": calls,
+                "errors": errors,
+                "tokens_returned": returned,
+                "tokens_saved": saved,
+                "last_call": last,
+            }
+            for name, calls, errors, returned, saved, last in db.execute(
+                f"SELECT {replica}, COUNT(*) FILTER (WHERE via != 'list'), COALESCE(SUM(error), 0), "
+                "COALESCE(SUM(tokens_returned), 0), COALESCE(SUM(tokens_saved), 0), MAX(ts) "
+                f"FROM calls WHERE ts >= ? GROUP BY {replica} ORDER BY {replica}",
+                (since,),
+            )
+        ]
+        return {"period": period, "totals": totals, "rows": rows, "replicas": replicas}
     finally:
         db.close()
 

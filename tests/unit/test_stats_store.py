@@ -74,3 +74,32 @@ def test_sessions_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     for sid in ("a", "b", "c", "a", "d"):  # "a" used again: "b" is the oldest
         stats.record(row(session=sid))
     assert list(stats.by_session) == ["c", "a", "d"] and stats.by_session["a"].calls == 2
+
+
+def test_a_stats_db_from_before_replicas_is_read_and_then_extended(tmp_path: Path) -> None:
+    """A stats.db written before the replica column: `stats` reads it as is, and the next gateway adds
+    the column and names its own rows (the old ones show as unnamed)."""
+    old = sqlite3.connect(tmp_path / "stats.db")
+    old.execute(
+        "CREATE TABLE calls (ts REAL NOT NULL, session TEXT NOT NULL, server TEXT NOT NULL, tool TEXT NOT NULL, "
+        "via TEXT NOT NULL, error INTEGER NOT NULL, result_bytes INTEGER NOT NULL, tokens_returned INTEGER NOT NULL, "
+        "tokens_saved INTEGER NOT NULL, saved_by TEXT NOT NULL, ms REAL NOT NULL)"
+    )
+    old.execute("INSERT INTO calls VALUES (?, 's', 'fs', 'read', 'direct', 0, 10, 3, 0, '', 1.0)", (time.time(),))
+    old.commit()
+    old.close()
+    assert summary(tmp_path / "stats.db")["replicas"] == [
+        {
+            "replica": "",
+            "calls": 1,
+            "errors": 0,
+            "tokens_returned": 3,
+            "tokens_saved": 0,
+            "last_call": pytest.approx(time.time(), abs=60),
+        }
+    ]
+    stats = Stats(tmp_path, replica="gw-a")
+    stats.record(row())
+    stats.flush()
+    assert not stats.failing
+    assert [(r["replica"], r["calls"]) for r in summary(tmp_path / "stats.db")["replicas"]] == [("", 1), ("gw-a", 1)]
