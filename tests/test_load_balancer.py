@@ -27,7 +27,7 @@ PER_MEMORY = 100  # notes per memory session: one recall (200 matches at most) b
 
 
 @pytest.fixture(autouse=True)
-def _needs_haproxy(postgres_server: str) -> None:
+def _needs_haproxy() -> None:
     reason = missing()
     if reason:
         print(reason)
