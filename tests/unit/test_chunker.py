@@ -76,14 +76,15 @@ def test_the_collector_is_paused_while_parsing_and_restored_after() -> None:
     from plugins.documents import chunker
 
     seen: list[bool] = []
-    real_parse = chunker._MD.parse
+    md = chunker._markdown()
+    real_parse = md.parse
 
     def parse(text: str):  # notes the collector's state while markdown-it runs
         seen.append(gc.isenabled())
         return real_parse(text)
 
     assert gc.isenabled()
-    chunker._MD.parse = parse
+    md.parse = parse
     try:
         chunker.markdown_blocks("# A\n\ntext\n")
         assert seen == [False] and gc.isenabled()
@@ -101,7 +102,7 @@ def test_the_collector_is_paused_while_parsing_and_restored_after() -> None:
         assert not gc.isenabled()
     finally:
         gc.enable()
-        del chunker._MD.parse
+        del md.parse
 
 
 def test_a_lone_surrogate_crosses_to_the_worker_and_back() -> None:
