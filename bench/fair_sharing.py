@@ -108,7 +108,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         argv, url = gateway_command(Path(tmp), sys.executable, share=not args.no_share)
         with open(Path(tmp) / "gateway.err", "wb") as err:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, cwd=tmp)
         try:
             wait_listening(url.replace("/mcp", "/nothing"), proc)
             started = time.perf_counter()
