@@ -1,4 +1,4 @@
-# mcp-context-gateway in a container (README: Docker). stdio by default: `docker run -i --rm ...`.
+# mcp-context-gateway in a container (docs/hosts.md: Docker). stdio by default: `docker run -i --rm ...`.
 # HTTP: `-e CTX_TRANSPORT=http -e CTX_AUTH_TOKEN="$(openssl rand -hex 24)" -p 8808:8808`: it listens on every
 # interface of the container (CTX_HOST=0.0.0.0), and refuses to without a token of 16 characters or more.
 # Mount the folder holding your gateway.toml on /config (read-only is fine; a single-file mount misses
