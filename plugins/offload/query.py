@@ -47,7 +47,7 @@ from gateway.services import shares
 from gateway.services.files import VersionedCache, atomic_write, process_alive, temp_beside
 from plugins.offload.json_file import BrokenJSON
 from plugins.offload.paths import PathError
-from plugins.offload.sql_worker import LINE_BYTES, PARENT_ENV, TIME_EXIT
+from plugins.offload.sql_worker import LINE_BYTES, PARENT_ENV, STARTED, TIME_EXIT
 from plugins.offload.tables import Table
 
 log = logging.getLogger("plugins.offload")
@@ -224,21 +224,26 @@ class _Worker:
         self.temp = _private_temp() if request["op"] == "query" else None
         if self.temp is not None:
             request = {**request, "temp_directory": str(self.temp)}
-        self.proc = _take(namespace) or _SPAWNER.start()
+        warm = _take(namespace)
+        self.proc = warm or _SPAWNER.start()
+        self.reused = warm is not None  # a warm worker that died while idle: the request goes to a new one
         self.seconds, self.wall = seconds, wall
         self.size = 0
         self.timed_out = False
         self.done = False  # the request's last message was read: the process may serve another
         self.broken = ""  # why the last line was not a message (cut, too long, not JSON)
         self.timer = threading.Timer(wall + KILL_GRACE, self._time_up)
+        self.timer.start()
+        self.request = {**request, "address_space": ADDRESS_SPACE, "seconds": seconds, "wall": wall}
+        self._send()
+
+    def _send(self) -> None:
         with _RUNNING_LOCK:
             _RUNNING.add(self.proc)
-        self.timer.start()
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.out = self.proc.stdout
-        message = {**request, "address_space": ADDRESS_SPACE, "seconds": seconds, "wall": wall}
         try:
-            self.proc.stdin.write((json.dumps(message) + "\n").encode())
+            self.proc.stdin.write((json.dumps(self.request) + "\n").encode())
             self.proc.stdin.flush()
         except OSError:  # it died at once: its missing answer says so
             pass
@@ -252,6 +257,14 @@ class _Worker:
         says which; `size`: the line's bytes)."""
         line = self.out.readline(LINE_BYTES)
         self.size = len(line)
+        if not line and self.reused and not self.timed_out:  # it ended while idle, before taking this request
+            self.reused = False
+            with _RUNNING_LOCK:
+                _RUNNING.discard(self.proc)
+            _close(self.proc)
+            self.proc = _SPAWNER.start()
+            self._send()
+            return self.message()
         if not line:
             return None
         if not line.endswith(b"\n"):
@@ -262,6 +275,9 @@ class _Worker:
         except ValueError:
             self.broken = "not JSON"
             return None
+        if message == STARTED:  # it took the request: from here, its end is this request's doing
+            self.reused = False
+            return self.message()
         # the request's last message: the process may serve another (not after a slice: the parsed
         # JSON it keeps is large; nor after running out of memory or time: those end the process)
         if any(k in message for k in ("end", "error", "loaded", "tables")):

@@ -37,6 +37,7 @@ LINE_BYTES = BATCH_BYTES + ROW_BYTES + 64 * 1024  # the longest line the parent 
 NICE = 10  # below the gateway's own priority: a query never slows the answers of other callers
 PR_SET_PDEATHSIG = 1
 PARENT_ENV = "CTX_WORKER_PARENT"  # the gateway's pid: a parent gone before the signal was set is seen
+STARTED = {"started": True}  # the first line of every answer: the request was taken
 TIME_EXIT = 124  # the exit status of a worker that ended itself at its time limit
 REFUSED = ("COPY", "COPY_DATABASE", "EXPORT", "ATTACH", "DETACH", "LOAD", "EXTENSION", "SET", "VARIABLE_SET")
 
@@ -321,6 +322,7 @@ def main() -> None:
         if not line:  # the parent closed the pipe: done
             return
         request = json.loads(line)
+        _send(out, STARTED)
         if not limited:  # the same cap for every request (the address space cannot be raised again)
             _limit_memory(request["address_space"])
             limited = True
