@@ -62,6 +62,17 @@ def events(path: Path) -> Any:
         fh.close()
 
 
+def basic_events(path: Path) -> Any:
+    """(event, value) of the whole file, streamed: `events` without the prefixes (cheaper to make)."""
+    fh = open(path, "rb")  # noqa: SIM115 - closed by the generator's finally
+    try:
+        yield from ijson.basic_parse(fh, use_float=True)
+    except ijson.JSONError as exc:
+        raise BrokenJSON(f"the file is not valid JSON ({exc}); try response_search or a line range instead") from None
+    finally:
+        fh.close()
+
+
 def items(path: Path, prefix: str) -> Any:
     """The values at an ijson prefix (`data.item`), one at a time."""
     with open(path, "rb") as fh, valid_json():

@@ -495,6 +495,8 @@ def warm(result: Path, kind: str, namespace: str = "") -> threading.Thread:
             log.debug("background conversion of %s failed: %s", result.name, exc)
             with contextlib.suppress(OSError):
                 _FAILED.put(result, str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__)
+        except BaseException as exc:  # the gateway is stopping (its loop cancelled the wait for a place)
+            log.debug("background conversion of %s stopped: %r", result.name, exc)
         finally:
             with _RUNNING_LOCK:
                 _PREPARING.pop(str(result), None)

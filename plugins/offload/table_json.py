@@ -88,13 +88,11 @@ def _load_rows(
     """The rows written as JSON Lines in pieces of PIECE_BYTES (`scratch` and numbered files beside it),
     then read by DuckDB as one list of files: its JSON reader holds about a file's size while it reads
     (70 MB for a 60 MB file, 41 MB for pieces of 2 MB)."""
-    longest, skipped, fields = 0, 0, set()
+    longest, skipped, fields, size = 0, 0, set(), 0
     pieces.append(scratch)
-    fh = open(scratch, "w", encoding="utf-8")  # noqa: SIM115 - closed below, or replaced by the next piece
+    fh = open(scratch, "wb")  # noqa: SIM115 - closed below, or replaced by the next piece
     try:
         for key, value in children(path, steps, is_array, json_outline.prefix_is_safe(path, steps)):
-            if stop.is_set():
-                raise Stopped
             if is_array:
                 if not isinstance(value, dict):
                     skipped += 1
@@ -104,13 +102,17 @@ def _load_rows(
                 row = {_KEY: key, **value} if isinstance(value, dict) else {_KEY: key, "value": value}
             if len(fields) <= MAX_COLUMNS:
                 fields.update(row)
-            line = dumps(row) + "\n"
+            line = dumps(row).encode() + b"\n"
             longest = max(longest, len(line))
-            if fh.tell() >= PIECE_BYTES:
+            if size >= PIECE_BYTES:  # bytes counted here: a text file's tell() costs more than the row
+                if stop.is_set():
+                    raise Stopped
                 fh.close()
                 pieces.append(scratch.with_name(f"{scratch.name}.{len(pieces)}"))
-                fh = open(pieces[-1], "w", encoding="utf-8")  # noqa: SIM115
+                fh = open(pieces[-1], "wb")  # noqa: SIM115
+                size = 0
             fh.write(line)
+            size += len(line)
     finally:
         fh.close()
     files = [str(p) for p in pieces]
