@@ -349,7 +349,7 @@ def loaded(result: Path, kind: str, namespace: str = "") -> list[Table]:
                 message = worker.message()
                 if message is None or "loaded" not in message:
                     raise worker.failure(message, "turning this result into tables")
-                if message.get("grown"):
+                if message.get("retried"):  # a statement ran twice: the loader's signs of size missed it
                     log.info("converting %s needed more than %s of memory", result.name, BUILD_MEMORY_LIMIT)
                 _save_tables(result, message["loaded"], profiled=False, built=tmp)
             finally:

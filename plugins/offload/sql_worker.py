@@ -141,23 +141,31 @@ def _send(out: Any, message: dict[str, Any] | str) -> None:
 
 
 class _Growing:
-    """A conversion's connection that starts with a small memory limit and raises it once, to `ceiling`,
-    for a statement that needs more (and runs that statement again: a failed one left nothing behind).
-    Most results convert within the small limit; a worker's peak stays near DuckDB's own size."""
+    """A conversion's connection that starts with a small memory limit and raises it once, to `ceiling`:
+    up front when the loader sees rows that need more (`grow`: long records, wide rows), else for a
+    statement that ran out (and runs that statement again: a failed one left nothing behind). Most
+    results convert within the small limit; a worker's peak stays near DuckDB's own size."""
 
     def __init__(self, conn: Any, ceiling: str):
-        self.conn, self.ceiling, self.grown = conn, ceiling, False
+        self.conn, self.ceiling, self.grown, self.retried = conn, ceiling, False, False
+
+    def grow(self) -> None:
+        if not self.grown:
+            self.grown = True
+            self.conn.execute(f"SET memory_limit = '{self.ceiling}'")
 
     def execute(self, *args: Any) -> Any:
         import duckdb
 
         try:
             return self.conn.execute(*args)
-        except duckdb.OutOfMemoryException:
-            if self.grown:
+        except (duckdb.OutOfMemoryException, duckdb.TransactionException) as exc:
+            # a commit that cannot pin its blocks is out of memory too (long strings)
+            memory = isinstance(exc, duckdb.OutOfMemoryException) or "pin block" in str(exc)
+            if self.grown or not memory:
                 raise
-            self.grown = True
-            self.conn.execute(f"SET memory_limit = '{self.ceiling}'")
+            self.grow()
+            self.retried = True
             return self.conn.execute(*args)
 
 
@@ -185,7 +193,9 @@ def _convert(request: dict[str, Any], out: Any) -> None:
         conn.execute("CHECKPOINT")
     finally:
         raw.close()
-    _send(out, {"loaded": [asdict(t) for t in tables], "grown": conn.grown})  # the file is whole now
+    _send(
+        out, {"loaded": [asdict(t) for t in tables], "grown": conn.grown, "retried": conn.retried}
+    )  # the file is whole now
 
 
 def _profile(request: dict[str, Any], out: Any) -> None:

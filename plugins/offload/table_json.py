@@ -23,6 +23,8 @@ from plugins.offload.tables import MAIN, MAX_COLUMNS, Names, Table, quote, uniqu
 SMALL_MAP = 4  # a small object is a table too when all of its (at least this many) values are objects
 DOC_BYTES = 16 * 1024 * 1024  # documents up to this size are also one JSON value in `doc`
 PIECE_BYTES = 2 * 1024 * 1024  # rows are handed to DuckDB in files of about this size (its reader's memory)
+LONG_ROW = 64 * 1024  # a conversion with rows longer than this (bytes of JSON)...
+WIDE_ROW = 100  # ...or with more fields than this starts with its larger memory limit
 _KEY = "__ctx_entry_key__"  # the key column while loading; renamed once the value's fields are known
 
 
@@ -117,6 +119,8 @@ def _load_rows(
         fh.close()
     files = [str(p) for p in pieces]
     table = Table(name, format_path(steps))
+    if (longest > LONG_ROW or len(fields) > WIDE_ROW) and hasattr(conn, "grow"):
+        conn.grow()  # the small memory limit would fail this statement: it would run twice
     if len(fields) > MAX_COLUMNS:  # a wide, sparse part: one JSON value a row, not a column a key
         conn.execute(
             f"CREATE TABLE {quote(name)} AS SELECT json FROM read_json_objects(?, format='newline_delimited', "

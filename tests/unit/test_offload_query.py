@@ -267,3 +267,13 @@ def test_the_outline_answers_before_the_tables_exist_and_names_them_after(
     items = later["tables"][0]
     assert items["table"] == "items" and items["rows"] == 500
     assert {c["name"]: c["distinct"] for c in items["columns"]} == {"id": 500, "city": 1}
+
+
+def test_a_result_of_long_records_is_converted(tmp_path: Path) -> None:
+    """200 records of 200 KB: the table's commit could not pin its blocks within the conversion's first
+    memory limit (a TransactionException, not an out-of-memory one), and the query failed."""
+    store = ResponseStore(tmp_path)
+    saved = store.save_text("t", json.dumps({"data": [{"id": i, "s": "y" * 200_000} for i in range(200)]}), "json")
+    tool = Explorer(store)
+    answer = tool.query(Args({"path": saved.id, "sql": "SELECT count(*), sum(length(s)) FROM items"}, "t"), 300)
+    assert answer["rows"] == [[200, 200 * 200_000]]
