@@ -91,11 +91,12 @@ def profile_path(result: Path) -> Path:
 
 
 @contextmanager
-def _slot(namespace: str, token: Any = None) -> Iterator[None]:
-    """One of the caller's places for worker processes (`shares.worker_pool`), held for the block.
-    Outside a running gateway (a command, a test calling these functions) there is no loop and one user."""
+def _slot(namespace: str, token: Any = None, pool: shares.Pool | None = None) -> Iterator[None]:
+    """One of the caller's places for worker processes (`shares.worker_pool`, or `pool`), held for the
+    block. Outside a running gateway (a command, a test calling these functions) there is no loop and one
+    user."""
     try:
-        held = shares.worker_pool().slot_in_thread(namespace, token)
+        held = (pool or shares.worker_pool()).slot_in_thread(namespace, token)
         held.__enter__()
     except NoEventLoopError:
         yield
@@ -313,7 +314,7 @@ class _Worker:
         self.timer.cancel()
         with _RUNNING_LOCK:
             _RUNNING.discard(self.proc)
-        if self.done and not self.timed_out and self.proc.poll() is None and not _STOPPING.is_set():
+        if self.done and not self.timed_out and self.proc.poll() is None:
             _give(self.namespace, self.proc)
         else:
             _close(self.proc)
@@ -343,7 +344,7 @@ def loaded(result: Path, kind: str, namespace: str = "") -> list[Table]:
         if kind == "json":  # the parts that are tables, from the outline this process keeps anyway
             with contextlib.suppress(BrokenJSON):  # JSON Lines saved as .json: the worker finds out
                 request["candidates"] = [[list(s), a, n] for s, a, n in table_json.candidates(result)]
-        with _slot(namespace, _token.get()):
+        with _slot(namespace, _token.get(), shares.conversion_pool()):
             worker = _Worker(request, BUILD_SECONDS, BUILD_SECONDS + 60, namespace)
             try:
                 message = worker.message()
@@ -377,7 +378,7 @@ def build(result: Path, kind: str, namespace: str = "") -> list[Table]:
             "memory": BUILD_MEMORY_LIMIT,
             "memory_ceiling": BUILD_MEMORY_CEILING,
         }
-        with _slot(namespace, _token.get()):
+        with _slot(namespace, _token.get(), shares.conversion_pool()):
             worker = _Worker(request, BUILD_SECONDS, BUILD_SECONDS + 60, namespace)
             try:
                 message = worker.message()
@@ -449,13 +450,9 @@ def _saved_tables(result: Path, profiled: bool) -> list[Table] | None:
     return None
 
 
-_STOPPING = threading.Event()
-
-
 def stop_all() -> None:
     """End every running conversion and query and every warm worker (the gateway is stopping: its exit
-    must not wait for one)."""
-    _STOPPING.set()
+    must not wait for one; a worker handed back later ends at the latest with the process)."""
     with _RUNNING_LOCK:
         running = list(_RUNNING) + [proc for idle in _IDLE.values() for _, proc in idle]
         _IDLE.clear()
@@ -491,6 +488,8 @@ def warm(result: Path, kind: str, namespace: str = "") -> threading.Thread:
         _token.value = token
         try:
             build(result, kind, namespace)
+        except shares.Busy as exc:  # no place in time: the first query converts it
+            log.debug("background conversion of %s not started: %s", result.name, exc)
         except Exception as exc:  # a result that cannot be converted: the outline and the first query say why
             log.debug("background conversion of %s failed: %s", result.name, exc)
             with contextlib.suppress(OSError):
