@@ -250,6 +250,17 @@ async def explore(source: Path, server: list[str], tmp: Path) -> list[str]:
     ]
 
 
+def export(mb: int, tmp: Path, filesystem: str) -> tuple[Path, list[str]]:
+    """A JSON file of `mb` MB in tmp/data, and the server that reads it (Node cannot build a reply string
+    for the largest: a raw Python server answers alike)."""
+    source = tmp / "data" / f"export-{mb}mb.json"
+    make_json(source, mb)
+    server = [sys.executable, str(Path(__file__).with_name("file_server.py")), str(tmp / "data")]
+    if source.stat().st_size <= NODE_LIMIT:
+        server = [filesystem, str(tmp / "data")]
+    return source, server
+
+
 async def explore_main(sizes: list[int]) -> None:
     filesystem = npm_bin("mcp-server-filesystem")
     tmp = Path(tempfile.mkdtemp(prefix="ctx-bench-explore-"))
@@ -267,11 +278,7 @@ async def explore_main(sizes: list[int]) -> None:
     ]
     try:
         for mb in sizes:
-            source = tmp / "data" / f"export-{mb}mb.json"
-            make_json(source, mb)
-            server = [sys.executable, str(Path(__file__).with_name("file_server.py")), str(tmp / "data")]
-            if source.stat().st_size <= NODE_LIMIT:
-                server = [filesystem, str(tmp / "data")]
+            source, server = export(mb, tmp, filesystem)
             rows.append(await explore(source, server, tmp))
             print(table(rows), "\n", flush=True)
     finally:
@@ -345,11 +352,7 @@ async def first_main(sizes: list[int], rounds: int) -> None:
     ]
     try:
         for mb in sizes:
-            source = tmp / "data" / f"export-{mb}mb.json"
-            make_json(source, mb)
-            server = [sys.executable, str(Path(__file__).with_name("file_server.py")), str(tmp / "data")]
-            if source.stat().st_size <= NODE_LIMIT:
-                server = [filesystem, str(tmp / "data")]
+            source, server = export(mb, tmp, filesystem)
             for run in range(rounds):
                 rows.append(await first(source, server, tmp, run))
                 print(table(rows), "\n", flush=True)

@@ -19,7 +19,7 @@ from typing import Any
 import ijson
 
 from gateway.services.files import VersionedCache
-from plugins.offload.json_file import basic_events, is_small, parsed
+from plugins.offload.json_file import events, is_small, parsed
 from plugins.offload.paths import Step, format_path, type_name
 
 log = logging.getLogger("plugins.offload")
@@ -140,7 +140,7 @@ def _walk_stream(path: Path) -> dict[tuple[Step, ...], Node]:
     building: tuple[ijson.ObjectBuilder, Node] | None = None  # a sample item being built, and its array
     level = 0
     skipping = 0  # depth inside a container nothing below which is described (an array's items)
-    for event, value in basic_events(path):
+    for event, value in events(path, prefixes=False):
         if skipping:  # the cheapest way through most of a large file's events
             if event in _STARTS:
                 skipping += 1

@@ -344,20 +344,15 @@ def loaded(result: Path, kind: str, namespace: str = "") -> list[Table]:
         if kind == "json":  # the parts that are tables, from the outline this process keeps anyway
             with contextlib.suppress(BrokenJSON):  # JSON Lines saved as .json: the worker finds out
                 request["candidates"] = [[list(s), a, n] for s, a, n in table_json.candidates(result)]
-        with _slot(namespace, _token.get(), shares.conversion_pool()):
-            worker = _Worker(request, BUILD_SECONDS, BUILD_SECONDS + 60, namespace)
-            try:
-                message = worker.message()
-                if message is None or "loaded" not in message:
-                    raise worker.failure(message, "turning this result into tables")
-                if message.get("retried"):  # a statement ran twice: the loader's signs of size missed it
-                    log.info("converting %s needed more than %s of memory", result.name, BUILD_MEMORY_LIMIT)
-                _save_tables(result, message["loaded"], profiled=False, built=tmp)
-            finally:
-                worker.end()
-                scratch.unlink(missing_ok=True)
-                tmp.unlink(missing_ok=True)
-                tmp.with_name(tmp.name + ".wal").unlink(missing_ok=True)
+        try:
+            message = _converting(namespace, request, "loaded", "turning this result into tables")
+            if message.get("retried"):  # a statement ran twice: the loader's signs of size missed it
+                log.info("converting %s needed more than %s of memory", result.name, BUILD_MEMORY_LIMIT)
+            _save_tables(result, message["loaded"], profiled=False, built=tmp)
+        finally:
+            scratch.unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)
+            tmp.with_name(tmp.name + ".wal").unlink(missing_ok=True)
         return _tables_of(message["loaded"])
 
     return _LOADED.get(result, make)
@@ -378,18 +373,25 @@ def build(result: Path, kind: str, namespace: str = "") -> list[Table]:
             "memory": BUILD_MEMORY_LIMIT,
             "memory_ceiling": BUILD_MEMORY_CEILING,
         }
-        with _slot(namespace, _token.get(), shares.conversion_pool()):
-            worker = _Worker(request, BUILD_SECONDS, BUILD_SECONDS + 60, namespace)
-            try:
-                message = worker.message()
-                if message is None or "tables" not in message:
-                    raise worker.failure(message, "profiling this result's tables")
-            finally:
-                worker.end()
+        message = _converting(namespace, request, "tables", "profiling this result's tables")
         _save_tables(result, message["tables"], profiled=True)
         return _tables_of(message["tables"])
 
     return _TABLES.get(result, make)
+
+
+def _converting(namespace: str, request: dict[str, Any], answer: str, what: str) -> dict[str, Any]:
+    """One step of a conversion in a worker of the caller's, within its places for conversions: the
+    message holding `answer`, or the failure (`what` failed) raised."""
+    with _slot(namespace, _token.get(), shares.conversion_pool()):
+        worker = _Worker(request, BUILD_SECONDS, BUILD_SECONDS + 60, namespace)
+        try:
+            message = worker.message()
+            if message is None or answer not in message:
+                raise worker.failure(message, what)
+            return message
+        finally:
+            worker.end()
 
 
 def tables_now(result: Path, kind: str, namespace: str = "") -> list[Table] | str:
