@@ -186,6 +186,7 @@ def _pid_of(result: Path, sql: str, namespace: str = "") -> int:
 def test_queries_of_one_namespace_share_a_warm_worker_and_never_anothers(explorer: tuple[Explorer, str]) -> None:
     tool, rid = explorer
     result = tool.store.resolve(rid)
+    query.stop_all()  # no warm workers left by other tests: the two callers' are all the pool keeps
     first = _pid_of(result, "SELECT count(*) FROM items", "alice")
     assert _pid_of(result, "SELECT max(id) FROM items", "alice") == first  # no new process per query
     other = _pid_of(result, "SELECT min(id) FROM items", "bob")
