@@ -5,6 +5,7 @@ then compute).
     python bench/answers.py            # installs what is missing under ~/.cache/ctx-answers, then runs
     python bench/answers.py --only ours --task penguins_top_n15 -v
     python bench/answers.py --only ours --source /tmp/old-checkout   # another version of the gateway
+    python bench/answers.py --only ours --only context-mode --mode kept   # one process kept across questions
 
 The data is real and public, and nobody here wrote it: palmerpenguins (PyPI: R's NA, quoted commas,
 dates), vega-datasets (npm: airports with NA, bird strikes with CRLF ends and empty fields, weather, movies
@@ -23,6 +24,10 @@ Tokens are cl100k: the definitions each system puts before the model (once), the
 writes, and every reply (the larger of its text and its structuredContent copy, as a host shows one).
 A reply counts as correct when it holds the right answer; where an agent must count what a reply lists
 (jmunch's line slices), the count is made only when the reply is complete.
+
+Time, per question: the calls alone (the read that offloads, the look, the queries) and, for a fresh
+process per question, with its start-up; and with one process kept running across the questions, as a
+host keeps it (its start-up once, shown apart). Both modes run by default (`--mode kept|fresh`).
 """
 
 from __future__ import annotations
@@ -658,7 +663,8 @@ TASKS = [
 class Outcome:
     correct: bool = False
     tokens: int = 0  # arguments and replies (the definitions are counted once per system)
-    seconds: float = 0.0
+    seconds: float = 0.0  # the question from start to answer, the server's start-up included when fresh
+    call_seconds: float = 0.0  # the calls alone (the read that offloads, the look, the queries)
     calls: int = 0
     answer: str = ""
 
@@ -709,6 +715,7 @@ class System:
     def __init__(self, work: Path):
         self.work = work
         self.definitions = 0
+        self.startup = 0.0  # kept: from starting the process to its first answer
 
     def command(self) -> tuple[str, list[str], dict[str, str] | None, str | None]:
         raise NotImplementedError
@@ -719,42 +726,65 @@ class System:
     async def call(self, session: Any, out: Outcome, tool: str, args: dict[str, Any]) -> Any:
         out.calls += 1
         out.tokens += cl100k(json.dumps({"name": tool, "arguments": args}, ensure_ascii=False))
+        started = time.perf_counter()
         with anyio.fail_after(CALL_SECONDS):
             result = await call(session, tool, args)
+        out.call_seconds += time.perf_counter() - started
         out.tokens += cl100k(reply_text(result))
         return result
 
-    async def run(self, tasks: list[Task], verbose: bool) -> dict[str, Outcome]:
+    async def run(self, tasks: list[Task], verbose: bool, kept: bool = False) -> dict[str, Outcome]:
+        """Each question in a session of its own (a fresh server process: its start-up is in `seconds`),
+        or with `kept` all of them through one process started first, as a host keeps it running."""
         cmd, args, env, cwd = self.command()
         outcomes: dict[str, Outcome] = {}
         errlog = self.work / f"{self.name}.stderr"
-        for task in tasks:  # one session a task: each question is a conversation of its own
-            out = Outcome()
-            started = time.perf_counter()
-            try:
-                with open(errlog, "ab") as log, anyio.fail_after(CALL_SECONDS * 4):
-                    async with linear_stdio_client(cmd, args, env, cwd, log) as streams:
-                        from mcp import ClientSession
 
-                        async with ClientSession(*streams) as session:
-                            await session.initialize()
-                            if not self.definitions:
-                                tools = (await session.list_tools()).tools
-                                self.definitions = sum(
-                                    cl100k(t.model_dump_json(by_alias=True, exclude_none=True)) for t in tools
-                                )
-                            out.answer = await self.ask(session, task, out)
-            except Exception as exc:  # a hang or a crash is a wrong answer, with its cost so far
-                out.answer = f"(failed: {type(exc).__name__}: {str(exc)[:120]})"
-            out.seconds = time.perf_counter() - started
-            out.correct = holds(out.answer, task.truth())
-            outcomes[task.id] = out
-            if verbose:
-                print(
-                    f"  {self.name:12} {task.id:24} {'ok ' if out.correct else 'NO '} {out.tokens:>8} tok "
-                    f"{out.seconds:6.1f}s  {out.answer[:160]!r}",
-                    file=sys.stderr,
-                )
+        @contextlib.asynccontextmanager
+        async def started() -> Any:
+            with open(errlog, "ab") as log:
+                async with linear_stdio_client(cmd, args, env, cwd, log) as streams:
+                    from mcp import ClientSession
+
+                    async with ClientSession(*streams) as session:
+                        await session.initialize()
+                        if not self.definitions:
+                            tools = (await session.list_tools()).tools
+                            self.definitions = sum(
+                                cl100k(t.model_dump_json(by_alias=True, exclude_none=True)) for t in tools
+                            )
+                        yield session
+
+        async def one(session: Any, task: Task, out: Outcome) -> None:
+            with anyio.fail_after(CALL_SECONDS * 4):
+                out.answer = await self.ask(session, task, out)
+
+        async with contextlib.AsyncExitStack() as stack:
+            if kept:
+                t = time.perf_counter()
+                shared = await stack.enter_async_context(started())
+                self.startup = time.perf_counter() - t
+            for task in tasks:
+                out = Outcome()
+                begun = time.perf_counter()
+                try:
+                    if kept:
+                        await one(shared, task, out)
+                    else:  # one session a task: each question is a conversation of its own
+                        async with started() as session:
+                            await one(session, task, out)
+                except Exception as exc:  # a hang or a crash is a wrong answer, with its cost so far
+                    out.answer = f"(failed: {type(exc).__name__}: {str(exc)[:120]})"
+                out.seconds = time.perf_counter() - begun
+                out.correct = holds(out.answer, task.truth())
+                outcomes[task.id] = out
+                if verbose:
+                    print(
+                        f"  {self.name:12} {'kept ' if kept else 'fresh'} {task.id:24} "
+                        f"{'ok ' if out.correct else 'NO '} {out.tokens:>8} tok {out.call_seconds:6.2f}s calls "
+                        f"{out.seconds:6.2f}s  {out.answer[:120]!r}",
+                        file=sys.stderr,
+                    )
         return outcomes
 
 
@@ -779,9 +809,12 @@ class Ours(System):
         if not isinstance(tables, dict):  # one look, when the fileRef does not yet name the tables
             looked = await self.call(session, out, "response_outline", {"path": ref})
             listed = (looked.structured_content or {}).get("tables") or []
-            tables = (
-                {t["table"]: t for t in listed if isinstance(t, dict)} if isinstance(listed, list) else dict(listed)
-            )
+            tables = {t["table"]: t for t in listed if isinstance(t, dict)} if isinstance(listed, list) else {}
+        for name in re.findall(r"\{key:(\w+)\}", task.sql):
+            if name not in tables:  # still being prepared: the map's columns, from the table itself
+                described = await self.call(session, out, "response_query", {"path": ref, "sql": f"DESCRIBE {name}"})
+                columns = [row[0] for row in (described.structured_content or {}).get("rows", [])]
+                tables[name] = {"keyColumn": "_key" if "_key" in columns else "key"}
 
         sql = re.sub(r"\{key:(\w+)\}", lambda m: _key_column(tables.get(m.group(1))), task.sql)
         result = await self.call(session, out, "response_query", {"path": ref, "sql": sql})
@@ -860,47 +893,78 @@ class Jmunch(System):
 SYSTEMS = {"ours": Ours, "jmunch": Jmunch, "context-mode": ContextMode}
 
 
-async def main(names: list[str], only_tasks: list[str], verbose: bool) -> None:
+async def main(names: list[str], only_tasks: list[str], verbose: bool, modes: list[str]) -> None:
     tasks = [t for t in TASKS if not only_tasks or t.id in only_tasks]
     work = Path(tempfile.mkdtemp(prefix="ctx-answers-"))
-    results: dict[str, dict[str, Outcome]] = {}
+    results: dict[str, dict[str, dict[str, Outcome]]] = {}  # mode -> system -> question
     defs: dict[str, int] = {}
-    for name in names:
-        system = SYSTEMS[name](work)
-        results[name] = await system.run(tasks, verbose)
-        defs[name] = system.definitions
+    startup: dict[str, float] = {}
+    for mode in modes:  # every system in one mode, then the next: the machine's state shifts both alike
+        results[mode] = {}
+        for name in names:
+            system = SYSTEMS[name](work)
+            results[mode][name] = await system.run(tasks, verbose, kept=mode == "kept")
+            defs[name] = system.definitions
+            if mode == "kept":
+                startup[name] = system.startup
     shapes = sorted({t.shape for t in tasks})
     print(f"{len(tasks)} questions over {len(shapes)} shapes of real public data ({', '.join(shapes)})")
     raw = sum(cl100k((DATA / f).read_text(encoding="utf-8", errors="replace")) for f in {t.file for t in tasks})
     print(f"raw: the files in the window would cost {raw:,} cl100k tokens (each file once)\n")
-    rows = [["system", "correct", "tokens on the path", "definitions", "args + replies", "time"]]
+    first = results[modes[0]]
+    rows = [["system", "correct", "tokens on the path", "definitions", "args + replies", *_time_heads(modes)]]
     for name in names:
-        outs = results[name].values()
+        outs = first[name].values()
         used = sum(o.tokens for o in outs)
         rows.append(
             [
                 name,
-                f"{sum(o.correct for o in outs)} of {len(tasks)}",
+                " / ".join(f"{sum(o.correct for o in results[m][name].values())} of {len(tasks)}" for m in modes),
                 f"{defs[name] + used:,}",
                 f"{defs[name]:,}",
                 f"{used:,}",
-                f"{sum(o.seconds for o in outs):.1f} s",
+                *_times(results, name, modes, list(first[name]), startup),
             ]
         )
     print(table(rows))
-    print("\nper question (tokens of arguments and replies; x = wrong):")
-    head = ["question", "shape", *names]
-    per = [head]
+    print(
+        "\ncorrect: per mode (" + " / ".join(modes) + "); kept: one server process for every question, started "
+        "first (its start-up once, shown apart); fresh: a process per question, its start-up in 'with start-up'"
+    )
+    print("\nper question (tokens of arguments and replies, x = wrong; seconds: the calls alone, then with start-up):")
+    per = [["question", "shape", *[f"{n} tokens" for n in names]]]
+    for name in names:
+        per[0] += [f"{name} {h}" for h in _time_heads(modes)]
     for task in tasks:
-        per.append(
-            [
-                task.id,
-                task.shape,
-                *[f"{results[n][task.id].tokens:,}" + ("" if results[n][task.id].correct else " x") for n in names],
-            ]
-        )
+        row = [task.id, task.shape]
+        row += [f"{first[n][task.id].tokens:,}" + ("" if first[n][task.id].correct else " x") for n in names]
+        for name in names:
+            row += _times(results, name, modes, [task.id], {})
+        per.append(row)
     print(table(per))
     shutil.rmtree(work, ignore_errors=True)
+
+
+def _time_heads(modes: list[str]) -> list[str]:
+    return [h for m in modes for h in ((f"{m}: calls",) if m == "kept" else (f"{m}: calls", f"{m}: with start-up"))]
+
+
+def _times(
+    results: dict[str, dict[str, dict[str, Outcome]]],
+    name: str,
+    modes: list[str],
+    ids: list[str],
+    startup: dict[str, float],
+) -> list[str]:
+    cells = []
+    for mode in modes:
+        outs = [results[mode][name][i] for i in ids]
+        cells.append(f"{sum(o.call_seconds for o in outs):.2f} s")
+        if mode == "kept" and name in startup:
+            cells[-1] += f" (+{startup[name]:.1f} s start)"
+        if mode != "kept":
+            cells.append(f"{sum(o.seconds for o in outs):.2f} s")
+    return cells
 
 
 if __name__ == "__main__":
@@ -909,7 +973,13 @@ if __name__ == "__main__":
     parser.add_argument("--task", action="append", default=[], help="run these questions only")
     parser.add_argument("-v", "--verbose", action="store_true", help="print each answer as it comes")
     parser.add_argument("--source", default="", help="run our gateway from this checkout instead")
+    parser.add_argument(
+        "--mode",
+        action="append",
+        choices=["kept", "fresh"],
+        help="kept: one server process across the questions (as a host keeps it); fresh: one per question",
+    )
     parsed = parser.parse_args()
     SOURCE = parsed.source
     setup()
-    anyio.run(main, parsed.only or list(SYSTEMS), parsed.task, parsed.verbose)
+    anyio.run(main, parsed.only or list(SYSTEMS), parsed.task, parsed.verbose, parsed.mode or ["kept", "fresh"])

@@ -2,6 +2,7 @@
 
     python bench/big_results.py [--sizes 10 68 200] [--korean 100] [--http]
     python bench/big_results.py --explore [--sizes 68]
+    python bench/big_results.py --first [--sizes 68] [--rounds 3]
 
 The real filesystem server (npm) reads a generated JSON file of each size and answers with one
 JSON-RPC line holding the text and its structuredContent copy (about twice the file, escaped); files
@@ -12,6 +13,12 @@ read and of the read through the gateway, the gateway's peak RSS (VmHWM) above i
 multiple of the file, and its RSS once the call and the background work after it are done (memory
 returned?). Idle is measured after one small offload, so the libraries an offload loads count as idle. `--korean` adds a text
 file of Korean prose of that many MB. Targets: peak above idle <= 1.5x the file, time <= 1.3x direct.
+
+`--first`: the first look and the first query against jq over the same file, in one run: a fresh gateway
+offloads the file; `response_outline` right after the offloading call (its answer from the streaming
+pass), then `SELECT sum(id) FROM items` right after that (it waits for the conversion the offload
+started), then a second query; beside them `jq '[.items[] | .id] | add'` and `jq '.items | length'`.
+Targets: the first outline within jq's time, the first query <= 1.5x jq's aggregate.
 """
 
 from __future__ import annotations
@@ -243,6 +250,17 @@ async def explore(source: Path, server: list[str], tmp: Path) -> list[str]:
     ]
 
 
+def export(mb: int, tmp: Path, filesystem: str) -> tuple[Path, list[str]]:
+    """A JSON file of `mb` MB in tmp/data, and the server that reads it (Node cannot build a reply string
+    for the largest: a raw Python server answers alike)."""
+    source = tmp / "data" / f"export-{mb}mb.json"
+    make_json(source, mb)
+    server = [sys.executable, str(Path(__file__).with_name("file_server.py")), str(tmp / "data")]
+    if source.stat().st_size <= NODE_LIMIT:
+        server = [filesystem, str(tmp / "data")]
+    return source, server
+
+
 async def explore_main(sizes: list[int]) -> None:
     filesystem = npm_bin("mcp-server-filesystem")
     tmp = Path(tempfile.mkdtemp(prefix="ctx-bench-explore-"))
@@ -260,13 +278,84 @@ async def explore_main(sizes: list[int]) -> None:
     ]
     try:
         for mb in sizes:
-            source = tmp / "data" / f"export-{mb}mb.json"
-            make_json(source, mb)
-            server = [sys.executable, str(Path(__file__).with_name("file_server.py")), str(tmp / "data")]
-            if source.stat().st_size <= NODE_LIMIT:
-                server = [filesystem, str(tmp / "data")]
+            source, server = export(mb, tmp, filesystem)
             rows.append(await explore(source, server, tmp))
             print(table(rows), "\n", flush=True)
+    finally:
+        subprocess.run(["rm", "-rf", str(tmp)], check=False)
+
+
+def jq_seconds(source: Path, program: str) -> float:
+    t = time.perf_counter()
+    subprocess.run(["jq", program, str(source)], check=True, capture_output=True)
+    return time.perf_counter() - t
+
+
+async def first(source: Path, server: list[str], tmp: Path, run: int) -> list[str]:
+    """One fresh gateway: the offloading call, the first outline, the first query, a second query; jq's
+    two programs over the same file right before (the same machine state)."""
+    jq_sum = jq_seconds(source, "[.items[] | .id] | add")
+    jq_len = jq_seconds(source, ".items | length")
+    config = tmp / f"gw-first-{run}.toml"
+    config.write_text(
+        f'[gateway]\nworkspace = {json.dumps(str(tmp / f"ws-first-{run}"))}\nplugins = ["offload"]\n\n'
+        f"[servers.fs]\ncommand = {json.dumps(server[0])}\nargs = {json.dumps(server[1:])}\n"
+    )
+    async with session(sys.executable, ["-m", "gateway", "--config", str(config)], tmp / "gw.log") as client:
+        await client.list_tools()
+        t = time.perf_counter()
+        reply = await call(client, "fs__read_text_file", {"path": str(source)})
+        offload_s = time.perf_counter() - t
+        rid = json.loads(reply.content[0].text)["fileRef"]["id"]
+        t = time.perf_counter()
+        outline = await call(client, "response_outline", {"path": rid})
+        outline_s = time.perf_counter() - t
+        assert not outline.is_error, outline.content[0].text[:300]
+        tables = outline.structured_content.get("tables")
+        t = time.perf_counter()
+        summed = await call(client, "response_query", {"path": rid, "sql": "SELECT sum(id) FROM items"})
+        first_s = time.perf_counter() - t
+        assert not summed.is_error, summed.content[0].text[:300]
+        t = time.perf_counter()
+        again = await call(client, "response_query", {"path": rid, "sql": "SELECT max(id) FROM items"})
+        second_s = time.perf_counter() - t
+        assert not again.is_error, again.content[0].text[:300]
+    return [
+        f"{source.stat().st_size / 2**20:.0f} MB #{run + 1}",
+        f"{jq_len:.2f} s",
+        f"{jq_sum:.2f} s",
+        f"{offload_s:.2f} s",
+        f"{outline_s:.2f} s ({outline_s / jq_len:.2f}x)",
+        "listed" if isinstance(tables, list) else "being prepared",
+        f"{first_s:.2f} s ({first_s / jq_sum:.2f}x)",
+        f"{(outline_s + first_s) / jq_sum:.2f}x",
+        f"{second_s * 1000:.0f} ms",
+    ]
+
+
+async def first_main(sizes: list[int], rounds: int) -> None:
+    filesystem = npm_bin("mcp-server-filesystem")
+    tmp = Path(tempfile.mkdtemp(prefix="ctx-bench-first-"))
+    (tmp / "data").mkdir()
+    rows = [
+        [
+            "file",
+            "jq length",
+            "jq sum",
+            "offloading call",
+            "first outline (x jq length)",
+            "its tables",
+            "first query (x jq sum)",
+            "outline + query, x jq sum",
+            "second query",
+        ]
+    ]
+    try:
+        for mb in sizes:
+            source, server = export(mb, tmp, filesystem)
+            for run in range(rounds):
+                rows.append(await first(source, server, tmp, run))
+                print(table(rows), "\n", flush=True)
     finally:
         subprocess.run(["rm", "-rf", str(tmp)], check=False)
 
@@ -341,8 +430,12 @@ if __name__ == "__main__":
     parser.add_argument(
         "--explore", action="store_true", help="each result's whole exploration from a fresh gateway instead"
     )
+    parser.add_argument("--first", action="store_true", help="the first outline and query against jq, per size")
+    parser.add_argument("--rounds", type=int, default=3, help="with --first: fresh gateways per size")
     args = parser.parse_args()
-    if args.explore:
+    if args.first:
+        anyio.run(first_main, args.sizes, args.rounds)
+    elif args.explore:
         anyio.run(explore_main, args.sizes)
     else:
         anyio.run(main, args.sizes, args.korean, args.http)

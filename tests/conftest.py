@@ -160,6 +160,15 @@ async def ok(session: ClientSession, name: str, args: dict[str, Any] | None = No
     return result.structured_content
 
 
+async def outline_with_tables(session: ClientSession, rid: str, **args: Any) -> dict[str, Any]:
+    """response_outline once it lists the result's tables: the outline answers at once and the tables join
+    it when their conversion is done."""
+    with anyio.fail_after(120):
+        while not isinstance((outline := await ok(session, "response_outline", {"path": rid, **args}))["tables"], list):
+            await anyio.sleep(0.05)
+    return outline
+
+
 def run_cli(*args: str, timeout: float = 60, **env: str) -> Any:
     """`python -m gateway ARGS` as a user runs it."""
     import subprocess

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import call, inproc, make_settings, text_of
+from conftest import call, inproc, make_settings, outline_with_tables, text_of
 from npm_servers import npm_bin
 
 pytestmark = pytest.mark.anyio
@@ -63,7 +63,7 @@ async def test_sql_over_real_results(tmp_path: Path) -> None:
             return result.structured_content
 
         orders, sales, log = await ref("orders.json"), await ref("sales.csv"), await ref("app.log")
-        outline = (await call(session, "response_outline", {"path": orders})).structured_content
+        outline = await outline_with_tables(session, orders)
         assert [(t["table"], t["from"]) for t in outline["tables"]][:2] == [
             ("items", "data"),
             ("meta_warnings", "meta.warnings"),

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import call, inproc, make_settings, text_of
+from conftest import call, inproc, make_settings, outline_with_tables, text_of
 from npm_servers import npm_bin
 
 pytestmark = pytest.mark.anyio
@@ -55,6 +55,9 @@ async def gateway(tmp_path: Path) -> Any:
                 assert result.is_error
                 return text_of(result)
 
+            async def outline(self, rid: str, **args: Any) -> dict[str, Any]:
+                return await outline_with_tables(session, rid, **args)
+
             async def sql(self, rid: str, sql: str, **kw: Any) -> list[list[Any]]:
                 return (await self.tool("response_query", path=rid, sql=sql, **kw))["rows"]
 
@@ -65,11 +68,16 @@ async def test_csv_with_r_missing_values_is_typed(gateway: Any) -> None:
     rows = _rows("penguins-raw.csv")
     ref = await gateway.read("penguins-raw.csv")
     header = list(rows[0])
-    # the header whole (not cut at 120 characters), as the columns of the table a first query can use
-    assert ref["outline"]["tables"]["items"] == f"{len(rows)} rows: " + ", ".join(header)
+    # the header whole (not cut at 120 characters): the columns a first query can use, named at once
+    # (the fileRef never waits for the tables: until they exist its own header line names them)
+    tables = ref["outline"]["tables"]
+    if isinstance(tables, dict):
+        assert tables["items"] == f"{len(rows)} rows: " + ", ".join(header)
+    else:
+        assert ref["outline"]["columns"] == header and "being prepared" in tables
     rid = ref["fileRef"]["id"]
 
-    outline = await gateway.tool("response_outline", path=rid)
+    outline = await gateway.outline(rid)
     items = outline["tables"][0]
     assert outline["type"] == "table" and items["table"] == "items" and items["rows"] == len(rows)
     types = {c["name"]: c["type"] for c in items["columns"]}
@@ -120,7 +128,7 @@ async def test_object_keyed_by_name_is_a_table(gateway: Any) -> None:
     rid = ref["fileRef"]["id"]
     assert ref["outline"]["itemCount"]["packages"] == len(packages)
 
-    outline = await gateway.tool("response_outline", path=rid, max_tokens=600)
+    outline = await gateway.outline(rid, max_tokens=600)
     assert outline["itemCount"]["packages"] == len(packages)
     items = outline["tables"][0]
     assert items["table"] == "items" and items["from"] == "packages" and items["keyColumn"] == "key"
@@ -153,7 +161,7 @@ async def test_api_model_maps_and_doc(gateway: Any) -> None:
     model = json.loads((REAL / "sts-service-2.json").read_text())
     ref = await gateway.read("sts-service-2.json")
     rid = ref["fileRef"]["id"]
-    outline = await gateway.tool("response_outline", path=rid)
+    outline = await gateway.outline(rid)
     by_source = {t["from"]: t for t in outline["tables"]}
     shapes, operations = by_source["shapes"]["table"], by_source["operations"]["table"]
     assert shapes == "items"  # the largest map

@@ -141,3 +141,12 @@ def worker_pool() -> Pool:
     them at most for one caller, so another caller always finds one free within a query's time."""
     total = max(2, CORES)
     return pool("workers", total=total, per_caller=max(1, total // 2), noun="queries")
+
+
+def conversion_pool() -> Pool:
+    """Worker processes turning offloaded results into tables (after the offload, in the background): apart
+    from `worker_pool`, so a caller's own conversion never makes its slices and queries wait or be told
+    Busy; one at a time per caller, half the cores in all, waiting as long as conversions take."""
+    return pool(
+        "conversions", total=max(1, CORES // 2), per_caller=1, noun="table conversions", wait_own=600, wait_all=600
+    )

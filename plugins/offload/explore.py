@@ -72,7 +72,7 @@ class Explorer:
                 "sizeHint": human_size(path.stat().st_size),
                 "openCmd": self.store.open_command(path),
             }
-        tables, trouble = self._catalog(path, kind)
+        tables, trouble = self._ready(path, kind)  # never waits: the tables join once they exist
         if kind == "text":
             main = next((t for t in tables if t.name == MAIN), None)
             if main is not None:  # CSV / JSON Lines: the table is the outline
@@ -92,6 +92,12 @@ class Explorer:
         info["structure"] = whole["structure"]
         info["samples"] = whole["samples"]
         return self._fit(info, budget)
+
+    def _ready(self, path: Path, kind: str) -> tuple[list[Table], str]:
+        """The result's profiled tables if they exist, else none and what is happening (being prepared,
+        N s so far; or why there are none)."""
+        ready = query.tables_now(path, kind, self.namespace)
+        return (ready, "") if isinstance(ready, list) else ([], ready)
 
     def _catalog(self, path: Path, kind: str) -> tuple[list[Table], list[str]]:
         """The result's tables, or none and why (the outline still answers)."""
@@ -154,7 +160,7 @@ class Explorer:
 
     def _rest_of_matches(self, path: Path, where: str, shown: int, total: int, budget: int) -> str:
         """The note of a wildcard's answer cut to the budget: a next step that reaches the rest."""
-        table = next((t for t in self._catalog(path, "json")[0] if t.source == where), None)
+        table = next((t for t in self._ready(path, "json")[0] if t.source == where), None)
         step = (
             f"response_query(path='{id_of(path)}', sql='SELECT * FROM {sql_name(table.name)} LIMIT 100 OFFSET {shown}')"
             if table is not None

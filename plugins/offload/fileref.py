@@ -28,8 +28,6 @@ META_INLINE = 64 * 1024  # a `_meta` larger than this is not passed on whole...
 META_KEY_INLINE = 4 * 1024  # ...its keys larger than this go to a file, named under META_NOTE
 META_NOTE = "mcp-context-gateway/offloadedMeta"
 INLINE_COLUMNS = 60
-TABLES_WAIT = 2.0  # seconds the fileRef waits at most for the tables of a result...
-TABLES_WAIT_BYTES = 16 * 1024 * 1024  # ...up to this size; a larger one answers at once
 HEAD_BYTES = 256 * 1024
 MAX_LISTED_FILES = 6
 
@@ -164,21 +162,16 @@ def _save_text(store: ResponseStore, stem: str, text: str) -> Saved:
 
 
 def inline_outline(saved: Saved, namespace: str) -> dict[str, Any]:
-    """A few lines of outline for the fileRef reply, and the tables a query can use at once (their
-    columns named, so a first query needs no look): cheap even for a huge file."""
+    """A few lines of outline for the fileRef reply, and the tables a query can use if they are ready
+    (their columns named, so a first query needs no look): cheap even for a huge file, never waiting for
+    the conversion, which starts here in the background."""
     if saved.kind == "binary":
         return {"type": "binary", "mime": saved.mime}
-    converting = query.warm(saved.path, saved.kind, namespace)
+    query.tables_now(saved.path, saved.kind, namespace)  # starts the conversion
     out = _text_outline(saved) if saved.kind == "text" else _json_outline(saved)
-    if saved.size <= TABLES_WAIT_BYTES:  # a conversion of a few MB takes well under a second
-        converting.join(TABLES_WAIT)
-    if converting.is_alive():
-        out["tables"] = "being prepared; response_outline lists them"
-        return out
-    try:
-        tables = query.build(saved.path, saved.kind, namespace)  # ready: cached
-    except Exception as exc:  # the first query will say why
-        out["tables"] = f"none ({str(exc).splitlines()[0][:120]})"
+    tables = query.tables_now(saved.path, saved.kind, namespace)
+    if isinstance(tables, str):
+        out["tables"] = tables
         return out
     if out["type"] == "csv":  # the main table's line names every column: the header is not repeated
         out.pop("columns", None)

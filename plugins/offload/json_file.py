@@ -51,11 +51,12 @@ def valid_json() -> Iterator[None]:
         raise BrokenJSON(f"the file is not valid JSON ({exc})") from None
 
 
-def events(path: Path) -> Any:
-    """ijson parse events of the whole file, streamed."""
+def events(path: Path, prefixes: bool = True) -> Any:
+    """ijson parse events of the whole file, streamed: (prefix, event, value), or (event, value) without
+    `prefixes` (cheaper to make)."""
     fh = open(path, "rb")  # noqa: SIM115 - closed by the generator's finally
     try:
-        yield from ijson.parse(fh, use_float=True)
+        yield from (ijson.parse if prefixes else ijson.basic_parse)(fh, use_float=True)
     except ijson.JSONError as exc:
         raise BrokenJSON(f"the file is not valid JSON ({exc}); try response_search or a line range instead") from None
     finally:

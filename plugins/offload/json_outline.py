@@ -139,7 +139,16 @@ def _walk_stream(path: Path) -> dict[tuple[Step, ...], Node]:
     frames: list[list[Any]] = []  # open containers: [steps, node or None, is_array, last key, last index]
     building: tuple[ijson.ObjectBuilder, Node] | None = None  # a sample item being built, and its array
     level = 0
-    for _prefix, event, value in events(path):
+    skipping = 0  # depth inside a container nothing below which is described (an array's items)
+    for event, value in events(path, prefixes=False):
+        if skipping:  # the cheapest way through most of a large file's events
+            if event in _STARTS:
+                skipping += 1
+            elif event in _ENDS:
+                skipping -= 1
+                if not skipping:
+                    frames.pop()
+            continue
         if building is not None:  # inside a sample item: its events build it
             builder, owner = building
             builder.event(event, value)
@@ -182,6 +191,7 @@ def _walk_stream(path: Path) -> dict[tuple[Step, ...], Node]:
             found[child] = node
         if event in _STARTS:
             frames.append([child, node, event == "start_array", None, -1])
+            skipping = int(node is None)  # its children have no node: none of theirs is described either
         elif node is not None:
             node.value = value
     return found

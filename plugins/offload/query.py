@@ -7,11 +7,14 @@ and maps, the largest `items`, and `doc`), `table_csv` (typed columns, missing v
 read-only, with DuckDB's own controls: no file or network access (`enable_external_access = false`), the
 configuration locked, bounded threads, memory and time.
 
-Every conversion and every query runs in a process of its own (`sql_worker.py`) with its address space
+Every conversion and every query runs in a worker process (`sql_worker.py`) with its address space
 capped: what one caller's SQL does to memory ends that process, never the shared gateway, and the
-gateway reads back at most ANSWER_BYTES of rows. A process past its time is killed, and so is every
-running one when the gateway stops. Queries on one result run side by side (each process opens the
-file read-only); conversions of different results never wait for each other.
+gateway reads back at most ANSWER_BYTES of rows. A worker serves one namespace only, one request at a
+time, each with its own limits; between requests it stays warm for the next (IDLE_SECONDS). A process
+past its time, or one whose answer was not read to its end, is killed, and so is every one when the
+gateway stops. Queries on one result run side by side (each opens the file read-only); conversions of
+different results never wait for each other. A conversion makes the tables first (queries may start)
+and their column profiles after (the outline shows them).
 """
 
 from __future__ import annotations
@@ -20,15 +23,17 @@ import contextlib
 import json
 import logging
 import os
+import queue
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import fields
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +47,7 @@ from gateway.services import shares
 from gateway.services.files import VersionedCache, atomic_write, process_alive, temp_beside
 from plugins.offload.json_file import BrokenJSON
 from plugins.offload.paths import PathError
-from plugins.offload.sql_worker import LINE_BYTES, PARENT_ENV, TIME_EXIT
+from plugins.offload.sql_worker import LINE_BYTES, PARENT_ENV, STARTED, TIME_EXIT
 from plugins.offload.tables import Table
 
 log = logging.getLogger("plugins.offload")
@@ -58,8 +63,14 @@ SLICE_SECONDS = 20.0  # a JSONPath over a large result
 KILL_GRACE = 5.0  # past its wall time and this, the parent kills a worker that did not end itself
 THREADS = 2
 ANSWER_BYTES = 64 * 1024 * 1024  # what one answer may read back, as JSON
-_TABLES: VersionedCache[list[Table]] = VersionedCache(max_items=32)
+IDLE_SECONDS = 120.0  # a warm worker waiting this long for its next request ends itself...
+IDLE_KEPT = IDLE_SECONDS / 2  # ...and the gateway stops using it sooner, so a request never meets its end
+_TABLES: VersionedCache[list[Table]] = VersionedCache(max_items=32)  # profiled
+_LOADED: VersionedCache[list[Table]] = VersionedCache(max_items=32)  # in the DuckDB file; profiles may follow
+_FAILED: VersionedCache[str] = VersionedCache(max_items=64)  # why a background conversion failed
+_PREPARING: dict[str, float] = {}  # results converting in the background: since when (monotonic)
 _RUNNING: set[subprocess.Popen[bytes]] = set()
+_IDLE: dict[str, list[tuple[float, subprocess.Popen[bytes]]]] = {}  # warm workers per namespace, newest last
 _RUNNING_LOCK = threading.Lock()
 _ROOT = str(Path(__file__).resolve().parent.parent.parent)  # the folder holding `plugins`
 _TEMP_PREFIX = "ctx-sql-"
@@ -80,11 +91,12 @@ def profile_path(result: Path) -> Path:
 
 
 @contextmanager
-def _slot(namespace: str, token: Any = None) -> Iterator[None]:
-    """One of the caller's places for worker processes (`shares.worker_pool`), held for the block.
-    Outside a running gateway (a command, a test calling these functions) there is no loop and one user."""
+def _slot(namespace: str, token: Any = None, pool: shares.Pool | None = None) -> Iterator[None]:
+    """One of the caller's places for worker processes (`shares.worker_pool`, or `pool`), held for the
+    block. Outside a running gateway (a command, a test calling these functions) there is no loop and one
+    user."""
     try:
-        held = shares.worker_pool().slot_in_thread(namespace, token)
+        held = (pool or shares.worker_pool()).slot_in_thread(namespace, token)
         held.__enter__()
     except NoEventLoopError:
         yield
@@ -108,38 +120,132 @@ def _private_temp() -> Path:
     return Path(tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{os.getpid()}-", dir=base))
 
 
-class _Worker:
-    """One `sql_worker` process: started with its request, read line by line (no line longer than a
-    worker sends), ended when the block that started it ends. It keeps its own time and dies with the
-    gateway; the parent kills it only past its wall time (a worker that could not end itself)."""
+class _Spawner:
+    """One long-lived thread starts every worker process: Linux's parent-death signal follows the thread
+    that started a process, and a pool thread may end while the worker it started is still warm."""
 
-    def __init__(self, request: dict[str, Any], seconds: float, wall: float):
+    def __init__(self) -> None:
+        self.requests: queue.SimpleQueue[tuple[list[Any], threading.Event]] = queue.SimpleQueue()
+        self.thread: threading.Thread | None = None
+        self.lock = threading.Lock()
+
+    def start(self) -> subprocess.Popen[bytes]:
+        with self.lock:
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(target=self._run, name="sql-workers", daemon=True)
+                self.thread.start()
+        box: list[Any] = []
+        done = threading.Event()
+        self.requests.put((box, done))
+        done.wait()
+        if isinstance(box[0], BaseException):
+            raise box[0]
+        return box[0]
+
+    def _run(self) -> None:
         path = os.pathsep.join(filter(None, [_ROOT, os.environ.get("PYTHONPATH")]))
+        while True:
+            box, done = self.requests.get()
+            try:
+                box.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "plugins.offload.sql_worker", str(IDLE_SECONDS)],
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.DEVNULL,
+                        env={**os.environ, "PYTHONPATH": path, PARENT_ENV: str(os.getpid())},
+                        cwd=_ROOT,
+                    )
+                )
+            except Exception as exc:  # handed to the caller
+                box.append(exc)
+            done.set()
+
+
+_SPAWNER = _Spawner()
+
+
+def _close(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    for pipe in (proc.stdin, proc.stdout):
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                pipe.close()
+
+
+def _take(namespace: str) -> subprocess.Popen[bytes] | None:
+    """A warm worker of this namespace (never another's), the most recent; old and dead ones ended."""
+    now, found, ended = time.monotonic(), None, []
+    with _RUNNING_LOCK:
+        for caller, idle in list(_IDLE.items()):
+            for item in list(idle):
+                since, proc = item
+                if now - since > IDLE_KEPT or proc.poll() is not None:
+                    idle.remove(item)
+                    ended.append(proc)
+            if caller == namespace and idle and found is None:
+                found = idle.pop()[1]
+            if not idle:
+                del _IDLE[caller]
+    for proc in ended:
+        _close(proc)
+    return found
+
+
+def _give(namespace: str, proc: subprocess.Popen[bytes]) -> None:
+    """Keep a worker warm for its namespace's next request: at most a caller's share of workers idle per
+    namespace, and the pool's size in all (the oldest ended first)."""
+    pool = shares.worker_pool()
+    ended = []
+    with _RUNNING_LOCK:
+        idle = _IDLE.setdefault(namespace, [])
+        idle.append((time.monotonic(), proc))
+        if len(idle) > pool.per_caller:
+            ended.append(idle.pop(0)[1])
+        while sum(len(v) for v in _IDLE.values()) > pool.total:
+            oldest = min((v for v in _IDLE.values() if v), key=lambda v: v[0][0])
+            ended.append(oldest.pop(0)[1])
+        for caller in [c for c, v in _IDLE.items() if not v]:
+            del _IDLE[caller]
+    for old in ended:
+        _close(old)
+
+
+class _Worker:
+    """One request to a `sql_worker` process of the caller's namespace (a warm one, or a new one), read
+    line by line (no line longer than a worker sends). When the block that made it ends, the process goes
+    back warm if its answer was read to the end, else it is killed. The worker keeps its own time and
+    dies with the gateway; the parent kills it only past its wall time (a worker that could not end
+    itself)."""
+
+    def __init__(self, request: dict[str, Any], seconds: float, wall: float, namespace: str = ""):
+        self.namespace = namespace
         self.temp = _private_temp() if request["op"] == "query" else None
         if self.temp is not None:
             request = {**request, "temp_directory": str(self.temp)}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "plugins.offload.sql_worker", str(wall)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            env={**os.environ, "PYTHONPATH": path, PARENT_ENV: str(os.getpid())},
-            cwd=_ROOT,
-        )
+        warm = _take(namespace)
+        self.proc = warm or _SPAWNER.start()
+        self.reused = warm is not None  # a warm worker that died while idle: the request goes to a new one
         self.seconds, self.wall = seconds, wall
         self.size = 0
         self.timed_out = False
+        self.done = False  # the request's last message was read: the process may serve another
         self.broken = ""  # why the last line was not a message (cut, too long, not JSON)
         self.timer = threading.Timer(wall + KILL_GRACE, self._time_up)
+        self.timer.start()
+        self.request = {**request, "address_space": ADDRESS_SPACE, "seconds": seconds, "wall": wall}
+        self._send()
+
+    def _send(self) -> None:
         with _RUNNING_LOCK:
             _RUNNING.add(self.proc)
-        self.timer.start()
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.out = self.proc.stdout
-        message = {**request, "address_space": ADDRESS_SPACE, "seconds": seconds}
         try:
-            self.proc.stdin.write((json.dumps(message) + "\n").encode())
-            self.proc.stdin.close()
+            self.proc.stdin.write((json.dumps(self.request) + "\n").encode())
+            self.proc.stdin.flush()
         except OSError:  # it died at once: its missing answer says so
             pass
 
@@ -152,16 +258,32 @@ class _Worker:
         says which; `size`: the line's bytes)."""
         line = self.out.readline(LINE_BYTES)
         self.size = len(line)
+        if not line and self.reused and not self.timed_out:  # it ended while idle, before taking this request
+            self.reused = False
+            with _RUNNING_LOCK:
+                _RUNNING.discard(self.proc)
+            _close(self.proc)
+            self.proc = _SPAWNER.start()
+            self._send()
+            return self.message()
         if not line:
             return None
         if not line.endswith(b"\n"):
             self.broken = "too long" if len(line) >= LINE_BYTES else "cut"
             return None
         try:
-            return json.loads(line)
+            message = json.loads(line)
         except ValueError:
             self.broken = "not JSON"
             return None
+        if message == STARTED:  # it took the request: from here, its end is this request's doing
+            self.reused = False
+            return self.message()
+        # the request's last message: the process may serve another (not after a slice: the parsed
+        # JSON it keeps is large; nor after running out of memory or time: those end the process)
+        if any(k in message for k in ("end", "error", "loaded", "tables")):
+            self.done = message.get("kind") not in ("memory", "time", "input")
+        return message
 
     def failure(self, message: dict[str, Any] | None, what: str) -> QueryError:
         """What went wrong, as the model should read it."""
@@ -190,23 +312,23 @@ class _Worker:
 
     def end(self) -> None:
         self.timer.cancel()
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        self.out.close()
         with _RUNNING_LOCK:
             _RUNNING.discard(self.proc)
+        if self.done and not self.timed_out and self.proc.poll() is None:
+            _give(self.namespace, self.proc)
+        else:
+            _close(self.proc)
         if self.temp is not None:  # what the query wrote is gone with it
             shutil.rmtree(self.temp, ignore_errors=True)
 
 
-def build(result: Path, kind: str, namespace: str = "") -> list[Table]:
-    """The DuckDB file for a result (built once per file version, in a worker process within
-    `namespace`'s share); its tables, profiled. A process that has not seen the result yet reads the
-    file and the profile saved beside it instead of converting again."""
+def loaded(result: Path, kind: str, namespace: str = "") -> list[Table]:
+    """The result's DuckDB file (built once per file version, in a worker process within `namespace`'s
+    share) and its tables, their columns not yet profiled: what a query needs. A process that has not
+    seen the result yet reads the file and the record saved beside it instead of converting again."""
 
     def make() -> list[Table]:
-        if (saved := _saved_tables(result)) is not None:
+        if (saved := _saved_tables(result, profiled=False)) is not None:
             return saved
         tmp, scratch = temp_beside(result, "duckdb"), temp_beside(result, "scratch")
         tmp.unlink(missing_ok=True)
@@ -222,21 +344,78 @@ def build(result: Path, kind: str, namespace: str = "") -> list[Table]:
         if kind == "json":  # the parts that are tables, from the outline this process keeps anyway
             with contextlib.suppress(BrokenJSON):  # JSON Lines saved as .json: the worker finds out
                 request["candidates"] = [[list(s), a, n] for s, a, n in table_json.candidates(result)]
-        with _slot(namespace, _token.get()):
-            worker = _Worker(request, BUILD_SECONDS, BUILD_SECONDS + 60)
-            try:
-                message = worker.message()
-                if message is None or "tables" not in message:
-                    raise worker.failure(message, "turning this result into tables")
-                _save_tables(result, tmp, message["tables"])
-            finally:
-                worker.end()
-                scratch.unlink(missing_ok=True)
-                tmp.unlink(missing_ok=True)
-                tmp.with_name(tmp.name + ".wal").unlink(missing_ok=True)
+        try:
+            message = _converting(namespace, request, "loaded", "turning this result into tables")
+            if message.get("retried"):  # a statement ran twice: the loader's signs of size missed it
+                log.info("converting %s needed more than %s of memory", result.name, BUILD_MEMORY_LIMIT)
+            _save_tables(result, message["loaded"], profiled=False, built=tmp)
+        finally:
+            scratch.unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)
+            tmp.with_name(tmp.name + ".wal").unlink(missing_ok=True)
+        return _tables_of(message["loaded"])
+
+    return _LOADED.get(result, make)
+
+
+def build(result: Path, kind: str, namespace: str = "") -> list[Table]:
+    """The result's tables with their columns profiled (rows, types, nulls, distinct values, samples):
+    `loaded`, then the profiles, computed in a worker that opens the file read-only (queries go on)."""
+
+    def make() -> list[Table]:
+        if (saved := _saved_tables(result, profiled=True)) is not None:
+            return saved
+        tables = loaded(result, kind, namespace)
+        request = {
+            "op": "profile",
+            "db": str(db_path(result)),
+            "tables": [asdict(t) for t in tables],
+            "memory": BUILD_MEMORY_LIMIT,
+            "memory_ceiling": BUILD_MEMORY_CEILING,
+        }
+        message = _converting(namespace, request, "tables", "profiling this result's tables")
+        _save_tables(result, message["tables"], profiled=True)
         return _tables_of(message["tables"])
 
     return _TABLES.get(result, make)
+
+
+def _converting(namespace: str, request: dict[str, Any], answer: str, what: str) -> dict[str, Any]:
+    """One step of a conversion in a worker of the caller's, within its places for conversions: the
+    message holding `answer`, or the failure (`what` failed) raised."""
+    with _slot(namespace, _token.get(), shares.conversion_pool()):
+        worker = _Worker(request, BUILD_SECONDS, BUILD_SECONDS + 60, namespace)
+        try:
+            message = worker.message()
+            if message is None or answer not in message:
+                raise worker.failure(message, what)
+            return message
+        finally:
+            worker.end()
+
+
+def tables_now(result: Path, kind: str, namespace: str = "") -> list[Table] | str:
+    """The profiled tables if they are ready, else at once what is happening (the conversion is started
+    in the background if nothing runs it): an outline never waits for them."""
+    if (ready := _TABLES.peek(result)) is not None:
+        return ready
+    if (saved := _saved_tables(result, profiled=True)) is not None:
+        _TABLES.put(result, saved)
+        return saved
+    if (failed := _FAILED.peek(result)) is not None:
+        return f"none ({failed})"
+    with _RUNNING_LOCK:
+        since = _PREPARING.get(str(result))
+    if since is None:
+        warm(result, kind, namespace)
+        since = time.monotonic()
+    so_far = f"{time.monotonic() - since:.0f} s so far"
+    if (made := _LOADED.peek(result)) is not None:
+        return (
+            f"{', '.join(t.name for t in made)}: ready for response_query; their column profiles are being "
+            f"computed ({so_far}), response_outline lists them when done"
+        )
+    return f"being prepared ({so_far}); response_outline lists them when ready, and response_query waits for them"
 
 
 def _tables_of(profiled: list[dict[str, Any]]) -> list[Table]:
@@ -249,20 +428,24 @@ def _version(path: Path) -> list[int]:
     return [st.st_size, st.st_mtime_ns]
 
 
-def _save_tables(result: Path, built: Path, profiled: list[dict[str, Any]]) -> None:
-    """The built file moved into place and its profile beside it, naming the versions of both: a profile
-    that does not match them (a crash between the two renames, a result written again) is not used."""
+def _save_tables(result: Path, tables: list[dict[str, Any]], profiled: bool, built: Path | None = None) -> None:
+    """The record beside the DuckDB file (`built` moved into place first), naming the versions of both:
+    a record that does not match them (a crash between the two renames, a result written again) is not
+    used. `profiled`: whether the tables' columns are profiled yet."""
     target = db_path(result)
-    built.replace(target)
-    record = {"result": _version(result), "db": _version(target), "tables": profiled}
+    if built is not None:
+        built.replace(target)
+    record = {"result": _version(result), "db": _version(target), "tables": tables, "profiled": profiled}
     atomic_write(profile_path(result), json.dumps(record, ensure_ascii=False, default=str), sync=False)
 
 
-def _saved_tables(result: Path) -> list[Table] | None:
-    """The tables from the DuckDB file and profile beside the result, when both match it."""
+def _saved_tables(result: Path, profiled: bool) -> list[Table] | None:
+    """The tables from the DuckDB file and the record beside the result, when both match it (and, if
+    `profiled`, when the record holds the profiles)."""
     try:
         record = json.loads(profile_path(result).read_bytes())
-        if record["result"] == _version(result) and record["db"] == _version(db_path(result)):
+        matches = record["result"] == _version(result) and record["db"] == _version(db_path(result))
+        if matches and (record.get("profiled", True) or not profiled):
             return _tables_of(record["tables"])
     except (OSError, ValueError, KeyError, TypeError):
         pass
@@ -270,9 +453,11 @@ def _saved_tables(result: Path) -> list[Table] | None:
 
 
 def stop_all() -> None:
-    """End every running conversion and query (the gateway is stopping: its exit must not wait for one)."""
+    """End every running conversion and query and every warm worker (the gateway is stopping: its exit
+    must not wait for one; a worker handed back later ends at the latest with the process)."""
     with _RUNNING_LOCK:
-        running = list(_RUNNING)
+        running = list(_RUNNING) + [proc for idle in _IDLE.values() for _, proc in idle]
+        _IDLE.clear()
     for proc in running:
         proc.kill()
 
@@ -298,13 +483,24 @@ def warm(result: Path, kind: str, namespace: str = "") -> threading.Thread:
         token = anyio.from_thread.run_sync(anyio.lowlevel.current_token)
     except NoEventLoopError:
         token = None
+    with _RUNNING_LOCK:
+        _PREPARING.setdefault(str(result), time.monotonic())
 
     def convert() -> None:
         _token.value = token
         try:
             build(result, kind, namespace)
-        except Exception as exc:  # a result that cannot be converted: the first query will say why
+        except shares.Busy as exc:  # no place in time: the first query converts it
+            log.debug("background conversion of %s not started: %s", result.name, exc)
+        except Exception as exc:  # a result that cannot be converted: the outline and the first query say why
             log.debug("background conversion of %s failed: %s", result.name, exc)
+            with contextlib.suppress(OSError):
+                _FAILED.put(result, str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__)
+        except BaseException as exc:  # the gateway is stopping (its loop cancelled the wait for a place)
+            log.debug("background conversion of %s stopped: %r", result.name, exc)
+        finally:
+            with _RUNNING_LOCK:
+                _PREPARING.pop(str(result), None)
 
     thread = threading.Thread(target=convert, name=f"duckdb:{result.name}", daemon=True)
     thread.start()
@@ -320,7 +516,7 @@ def execute(result: Path, kind: str, sql: str, namespace: str = "") -> Iterator[
         raise QueryError("`sql` is empty; e.g. SELECT count(*) FROM items")
     for attempt in (1, 2):
         try:
-            build(result, kind, namespace)
+            loaded(result, kind, namespace)
         except (BrokenJSON, OSError) as exc:
             raise QueryError(f"this result could not be turned into tables ({str(exc).splitlines()[0]})") from None
         request = {
@@ -332,7 +528,7 @@ def execute(result: Path, kind: str, sql: str, namespace: str = "") -> Iterator[
             "temp": TEMP_LIMIT,
         }
         with _slot(namespace):
-            worker = _Worker(request, QUERY_SECONDS, QUERY_WALL)
+            worker = _Worker(request, QUERY_SECONDS, QUERY_WALL, namespace)
             try:
                 first = worker.message()
                 if first is not None and "columns" in first:
@@ -345,6 +541,7 @@ def execute(result: Path, kind: str, sql: str, namespace: str = "") -> Iterator[
             log.warning("the tables of %s were unreadable (%s); building them again", result.name, first["error"])
             db_path(result).unlink(missing_ok=True)
             _TABLES.forget(result)
+            _LOADED.forget(result)
             continue
         raise error
 
@@ -357,6 +554,7 @@ def json_path_in_worker(path: Path, json_path: str, budget: int, namespace: str 
             {"op": "slice", "path": str(path), "json_path": json_path, "budget": budget},
             SLICE_SECONDS,
             SLICE_SECONDS + 10,
+            namespace,
         )
         try:
             message = worker.message()

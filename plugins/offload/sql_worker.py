@@ -1,18 +1,19 @@
-"""The child process that runs DuckDB for response_query (and JSONPath over a large result): one
-conversion, query or slice per process.
+"""The child process that runs DuckDB for response_query (and JSONPath over a large result): conversions,
+queries and slices of one caller (namespace), one at a time, each with its own limits.
 
 A query or a conversion can need far more memory than its DuckDB limit says (DuckDB computes a chunk of
 2,048 rows at once: `repeat('x', 10000000)` over 150 rows is 1.5 GB before the first row is fetched), and
 a runaway one must not take a shared gateway down with it. So each runs here, in a process of its own
 with its address space capped, ended by its parent when its time is up, when the gateway stops, or when
-the parent has read all it will read. The parent (`query.py`) writes one JSON request on stdin; this
-answers JSON lines on stdout: `{"tables": [...]}` for a conversion; `{"columns": [...]}`, then
+the parent has read all it will read. The parent (`query.py`) writes one JSON request a line on stdin;
+this answers each with JSON lines on stdout: `{"tables": [...]}` for a conversion; `{"columns": [...]}`, then
 `{"rows": [...]}` batches and `{"end": true}` for a query; `{"answer": ...}` for a slice; `{"error": ...,
-"kind": ...}` when it fails.
+"kind": ...}` when it fails. Between requests it waits, warm, for the next; idle for `idle` seconds, or
+after running out of memory or time, it ends.
 
 It looks after itself too: it runs at a lower CPU priority than the gateway, dies with the gateway
 (the parent-death signal) and kills itself past its wall time (SIGALRM, default action), so nothing
-outlives a gateway killed mid-query. Its time limit is its own clock over the computation: time spent
+outlives a gateway killed mid-query (each request has its own wall time; none while it waits). Its time limit is its own clock over the computation: time spent
 blocked while the parent reads or saves what it sent does not count; past it DuckDB is interrupted.
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import signal
 import sys
 import threading
@@ -35,13 +37,13 @@ LINE_BYTES = BATCH_BYTES + ROW_BYTES + 64 * 1024  # the longest line the parent 
 NICE = 10  # below the gateway's own priority: a query never slows the answers of other callers
 PR_SET_PDEATHSIG = 1
 PARENT_ENV = "CTX_WORKER_PARENT"  # the gateway's pid: a parent gone before the signal was set is seen
+STARTED = {"started": True}  # the first line of every answer: the request was taken
 TIME_EXIT = 124  # the exit status of a worker that ended itself at its time limit
 REFUSED = ("COPY", "COPY_DATABASE", "EXPORT", "ATTACH", "DETACH", "LOAD", "EXTENSION", "SET", "VARIABLE_SET")
 
 
-def _look_after_itself(wall: float) -> None:
-    """A lower priority, death with the parent, and a wall time of its own (POSIX; Linux for the
-    parent-death signal)."""
+def _look_after_itself() -> None:
+    """A lower priority and death with the parent (POSIX; Linux for the parent-death signal)."""
     parent = int(os.environ.get(PARENT_ENV, "0")) or os.getppid()
     with contextlib.suppress(AttributeError, OSError):
         os.nice(NICE)
@@ -54,7 +56,12 @@ def _look_after_itself(wall: float) -> None:
             os._exit(1)
     if hasattr(signal, "alarm"):  # no handler: the kernel ends the process, whatever it is doing
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
-        signal.alarm(max(1, int(wall + 0.999)))
+
+
+def _alarm(wall: float) -> None:
+    """A request's wall time (0: none, while the process waits for the next request)."""
+    if hasattr(signal, "alarm"):
+        signal.alarm(0 if wall <= 0 else max(1, int(wall + 0.999)))
 
 
 class _Clock:
@@ -62,13 +69,18 @@ class _Clock:
     doing) except while the process waits to hand a line to its parent. Past `seconds` it calls `stop`
     (DuckDB's interrupt) once."""
 
-    def __init__(self, seconds: float):
-        self.seconds, self.used, self.started = seconds, 0.0, time.monotonic()
+    def __init__(self) -> None:
+        self.seconds, self.used, self.started = 0.0, 0.0, time.monotonic()
         self.paused = True
         self.expired = False
         self.stop: Any = None
         self._lock = threading.Lock()
         threading.Thread(target=self._watch, daemon=True).start()
+
+    def reset(self, seconds: float) -> None:
+        """A new request's clock, paused until its computation starts."""
+        with self._lock:
+            self.seconds, self.used, self.paused, self.expired, self.stop = seconds, 0.0, True, False, None
 
     def start(self, stop: Any = None) -> None:
         self.stop = stop
@@ -129,33 +141,42 @@ def _send(out: Any, message: dict[str, Any] | str) -> None:
 
 
 class _Growing:
-    """A conversion's connection that starts with a small memory limit and raises it once, to `ceiling`,
-    for a statement that needs more (and runs that statement again: a failed one left nothing behind).
-    Most results convert within the small limit; a worker's peak stays near DuckDB's own size."""
+    """A conversion's connection that starts with a small memory limit and raises it once, to `ceiling`:
+    up front when the loader sees rows that need more (`grow`: long records, wide rows), else for a
+    statement that ran out (and runs that statement again: a failed one left nothing behind). Most
+    results convert within the small limit; a worker's peak stays near DuckDB's own size."""
 
     def __init__(self, conn: Any, ceiling: str):
-        self.conn, self.ceiling, self.grown = conn, ceiling, False
+        self.conn, self.ceiling, self.grown, self.retried = conn, ceiling, False, False
+
+    def grow(self) -> None:
+        if not self.grown:
+            self.grown = True
+            self.conn.execute(f"SET memory_limit = '{self.ceiling}'")
 
     def execute(self, *args: Any) -> Any:
         import duckdb
 
         try:
             return self.conn.execute(*args)
-        except duckdb.OutOfMemoryException:
-            if self.grown:
+        except (duckdb.OutOfMemoryException, duckdb.TransactionException) as exc:
+            # a commit that cannot pin its blocks is out of memory too (long strings)
+            memory = isinstance(exc, duckdb.OutOfMemoryException) or "pin block" in str(exc)
+            if self.grown or not memory:
                 raise
-            self.grown = True
-            self.conn.execute(f"SET memory_limit = '{self.ceiling}'")
+            self.grow()
+            self.retried = True
             return self.conn.execute(*args)
 
 
 def _convert(request: dict[str, Any], out: Any) -> None:
+    """The tables made and the file closed (whole): their columns' profiles are a later request, so a
+    first query need not wait for them."""
     import threading
 
     import duckdb
 
     from plugins.offload.loaders import load
-    from plugins.offload.tables import profile
 
     raw = duckdb.connect(request["target"], config={"threads": 1, "memory_limit": request["memory"]})
     _interrupt_with_clock(raw)
@@ -169,11 +190,28 @@ def _convert(request: dict[str, Any], out: Any) -> None:
             threading.Event(),
             None if "candidates" not in request else [(tuple(c[0]), c[1], c[2]) for c in request["candidates"]],
         )
-        profiled = [asdict(profile(conn, t)) for t in tables]
         conn.execute("CHECKPOINT")
     finally:
         raw.close()
-    _send(out, {"tables": profiled})  # after the close: the file is whole when the parent moves it
+    _send(
+        out, {"loaded": [asdict(t) for t in tables], "grown": conn.grown, "retried": conn.retried}
+    )  # the file is whole now
+
+
+def _profile(request: dict[str, Any], out: Any) -> None:
+    """The profiles of a built file's tables (opened read-only: queries may read it meanwhile)."""
+    import duckdb
+
+    from plugins.offload.tables import Table, profile
+
+    raw = duckdb.connect(request["db"], read_only=True, config={"threads": 1, "memory_limit": request["memory"]})
+    _interrupt_with_clock(raw)
+    conn = _Growing(raw, request["memory_ceiling"])
+    try:
+        profiled = [asdict(profile(conn, Table(**t))) for t in request["tables"]]
+    finally:
+        raw.close()
+    _send(out, {"tables": profiled})
 
 
 def _interrupt_with_clock(conn: Any) -> None:
@@ -212,6 +250,13 @@ def _query(request: dict[str, Any], out: Any) -> None:
             "temp_directory": request["temp_directory"],  # this query's own, removed when it ends
         },
     )
+    try:
+        _answer(conn, request, out)
+    finally:
+        conn.close()  # the next request of this process starts clean
+
+
+def _answer(conn: Any, request: dict[str, Any], out: Any) -> None:
     conn.execute("SET enable_external_access = false")  # after temp_directory: DuckDB refuses it after
     conn.execute("SET lock_configuration = true")
     if (why := _refused(conn, request["sql"])) is not None:
@@ -269,32 +314,58 @@ def _slice(request: dict[str, Any], out: Any) -> None:
     _send(out, {"answer": answer})
 
 
+OPS = {"convert": _convert, "profile": _profile, "query": _query, "slice": _slice}
+
+
 def main() -> None:
     global _CLOCK
-    _look_after_itself(float(sys.argv[1]) if len(sys.argv) > 1 else 600.0)
-    request = json.loads(sys.stdin.readline())
+    _look_after_itself()
+    idle = float(sys.argv[1]) if len(sys.argv) > 1 else 60.0
     out = sys.stdout
     sys.stdout = sys.stderr  # nothing else may write to the parent's pipe
-    os.close(0)
-    _limit_memory(request["address_space"])
-    _CLOCK = _Clock(request["seconds"])
+    _CLOCK = _Clock()
     import duckdb
 
+    limited = False
+    while select.select([sys.stdin.buffer], [], [], idle)[0]:  # idle too long: the process ends
+        line = sys.stdin.buffer.readline()
+        if not line:  # the parent closed the pipe: done
+            return
+        request = json.loads(line)
+        _send(out, STARTED)
+        if not limited:  # the same cap for every request (the address space cannot be raised again)
+            _limit_memory(request["address_space"])
+            limited = True
+        _alarm(request["wall"])
+        _CLOCK.reset(request["seconds"])
+        ending = _serve(request, out, duckdb)
+        _CLOCK.pause()
+        _alarm(0)
+        if ending:  # out of memory or time: a fresh process for the next request
+            return
+
+
+def _serve(request: dict[str, Any], out: Any, duckdb: Any) -> bool:
+    """One request answered; True when this process should end after it."""
     try:
-        {"convert": _convert, "query": _query, "slice": _slice}[request["op"]](request, out)
+        OPS[request["op"]](request, out)
     except duckdb.InterruptException as exc:
-        kind = "time" if _CLOCK.expired else "duckdb"
+        kind = "time" if _CLOCK is not None and _CLOCK.expired else "duckdb"
         _send(out, {"error": str(exc).splitlines()[0], "kind": kind})
+        return kind == "time"
     except duckdb.PermissionException as exc:
         _send(out, {"error": str(exc).splitlines()[0], "kind": "permission"})
     except duckdb.OutOfMemoryException as exc:
         _send(out, {"error": str(exc).splitlines()[0], "kind": "memory"})
+        return True
     except MemoryError:
         _send(out, {"error": "out of memory", "kind": "memory"})
+        return True
     except duckdb.Error as exc:
         _send(out, {"error": str(exc).splitlines()[0], "kind": "duckdb"})
     except Exception as exc:  # a loader's own failure (broken JSON, ...): said, never a traceback
         _send(out, {"error": f"{type(exc).__name__}: {_first_line(exc)}", "kind": "load"})
+    return False
 
 
 def _first_line(exc: BaseException) -> str:

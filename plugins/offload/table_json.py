@@ -23,6 +23,8 @@ from plugins.offload.tables import MAIN, MAX_COLUMNS, Names, Table, quote, uniqu
 SMALL_MAP = 4  # a small object is a table too when all of its (at least this many) values are objects
 DOC_BYTES = 16 * 1024 * 1024  # documents up to this size are also one JSON value in `doc`
 PIECE_BYTES = 2 * 1024 * 1024  # rows are handed to DuckDB in files of about this size (its reader's memory)
+LONG_ROW = 64 * 1024  # a conversion with rows longer than this (bytes of JSON)...
+WIDE_ROW = 100  # ...or with more fields than this starts with its larger memory limit
 _KEY = "__ctx_entry_key__"  # the key column while loading; renamed once the value's fields are known
 
 
@@ -88,13 +90,11 @@ def _load_rows(
     """The rows written as JSON Lines in pieces of PIECE_BYTES (`scratch` and numbered files beside it),
     then read by DuckDB as one list of files: its JSON reader holds about a file's size while it reads
     (70 MB for a 60 MB file, 41 MB for pieces of 2 MB)."""
-    longest, skipped, fields = 0, 0, set()
+    longest, skipped, fields, size = 0, 0, set(), 0
     pieces.append(scratch)
-    fh = open(scratch, "w", encoding="utf-8")  # noqa: SIM115 - closed below, or replaced by the next piece
+    fh = open(scratch, "wb")  # noqa: SIM115 - closed below, or replaced by the next piece
     try:
         for key, value in children(path, steps, is_array, json_outline.prefix_is_safe(path, steps)):
-            if stop.is_set():
-                raise Stopped
             if is_array:
                 if not isinstance(value, dict):
                     skipped += 1
@@ -104,17 +104,23 @@ def _load_rows(
                 row = {_KEY: key, **value} if isinstance(value, dict) else {_KEY: key, "value": value}
             if len(fields) <= MAX_COLUMNS:
                 fields.update(row)
-            line = dumps(row) + "\n"
+            line = dumps(row).encode() + b"\n"
             longest = max(longest, len(line))
-            if fh.tell() >= PIECE_BYTES:
+            if size >= PIECE_BYTES:  # bytes counted here: a text file's tell() costs more than the row
+                if stop.is_set():
+                    raise Stopped
                 fh.close()
                 pieces.append(scratch.with_name(f"{scratch.name}.{len(pieces)}"))
-                fh = open(pieces[-1], "w", encoding="utf-8")  # noqa: SIM115
+                fh = open(pieces[-1], "wb")  # noqa: SIM115
+                size = 0
             fh.write(line)
+            size += len(line)
     finally:
         fh.close()
     files = [str(p) for p in pieces]
     table = Table(name, format_path(steps))
+    if (longest > LONG_ROW or len(fields) > WIDE_ROW) and hasattr(conn, "grow"):
+        conn.grow()  # the small memory limit would fail this statement: it would run twice
     if len(fields) > MAX_COLUMNS:  # a wide, sparse part: one JSON value a row, not a column a key
         conn.execute(
             f"CREATE TABLE {quote(name)} AS SELECT json FROM read_json_objects(?, format='newline_delimited', "

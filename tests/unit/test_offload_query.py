@@ -174,3 +174,110 @@ def test_a_recursive_json_path_over_a_large_result_runs_in_a_worker(tmp_path: Pa
     assert peak < 20 * 1024 * 1024  # the worker's memory, not this process's
     with pytest.raises(PathError, match="invalid JSONPath"):  # said as in the gateway's own process
         tool.slice(Args({"path": saved.id, "json_path": "data[?(@.id =="}, "t"), 500)
+
+
+def _pid_of(result: Path, sql: str, namespace: str = "") -> int:
+    """The process that answered the query (its rows read to the end)."""
+    with query.execute(result, "json", sql, namespace) as (_, rows):
+        list(rows)
+        return rows.worker.proc.pid
+
+
+def test_queries_of_one_namespace_share_a_warm_worker_and_never_anothers(explorer: tuple[Explorer, str]) -> None:
+    tool, rid = explorer
+    result = tool.store.resolve(rid)
+    query.stop_all()  # no warm workers left by other tests: the two callers' are all the pool keeps
+    first = _pid_of(result, "SELECT count(*) FROM items", "alice")
+    assert _pid_of(result, "SELECT max(id) FROM items", "alice") == first  # no new process per query
+    other = _pid_of(result, "SELECT min(id) FROM items", "bob")
+    assert other != first  # a worker serves one namespace only
+    assert _pid_of(result, "SELECT sum(id) FROM items", "alice") == first
+    assert _pid_of(result, "SELECT sum(id) FROM items", "bob") == other
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the worker's CPU time in /proc (Linux)")
+def test_a_worker_killed_mid_query_or_while_idle_is_replaced(explorer: tuple[Explorer, str]) -> None:
+    tool, rid = explorer
+    result = tool.store.resolve(rid)
+    warm = _pid_of(result, "SELECT 1")
+    killed: list[int] = []
+
+    def cpu(pid: int) -> int:
+        return sum(int(f) for f in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[11:13])
+
+    def kill_it() -> None:  # once the slow query runs in the warm worker (its CPU time grows)
+        idle, deadline = cpu(warm), time.monotonic() + 30
+        while cpu(warm) < idle + 20 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        killed.append(warm)
+        os.kill(warm, 9)
+
+    import threading
+
+    killer = threading.Thread(target=kill_it)
+    killer.start()
+    with pytest.raises(query.QueryError, match=r"needed more memory|ended"):
+        with query.execute(result, "json", "SELECT count(*) FROM range(100000000) a, range(1000) b") as (_, rows):
+            list(rows)
+    killer.join()
+    assert killed == [warm]
+    fresh = _pid_of(result, "SELECT count(*) FROM items")
+    assert fresh != warm
+    assert _ask(explorer, "SELECT count(*) FROM items")["rows"] == [[10]]
+    os.kill(fresh, 9)  # an idle warm worker killed from outside: the next query does not notice
+    assert _ask(explorer, "SELECT count(*) FROM items")["rows"] == [[10]]
+
+
+def test_the_outline_answers_before_the_tables_exist_and_names_them_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A conversion held back (a slow or huge one): the fileRef and the outline answer at once, saying the
+    tables are being prepared; once they exist, the outline lists them with their profiles."""
+    import threading
+
+    from plugins.offload.fileref import inline_outline
+
+    held = threading.Event()
+
+    class Held(query._Worker):
+        def __init__(self, *args: object, **kw: object) -> None:
+            held.wait(60)
+            super().__init__(*args, **kw)
+
+    monkeypatch.setattr(query, "_Worker", Held)
+    store = ResponseStore(tmp_path)
+    saved = store.save_text("t", json.dumps({"data": [{"id": i, "city": "Seoul"} for i in range(500)]}), "json")
+    tool = Explorer(store)
+    answers: list[dict] = []
+
+    def look() -> None:
+        answers.append(inline_outline(saved, ""))
+        answers.append(tool.outline(Args({"path": saved.id}, "t"), 2000))
+
+    try:
+        looking = threading.Thread(target=look, daemon=True)
+        looking.start()
+        looking.join(30)
+        assert len(answers) == 2, "the first look waited for the tables"
+    finally:
+        held.set()
+    ref, first = answers
+    assert "being prepared" in ref["tables"] and ref["type"] == "object"
+    assert "being prepared" in first["tables"] and first["itemCount"] == {"data": 500}
+    deadline = time.monotonic() + 60
+    while not isinstance((later := tool.outline(Args({"path": saved.id}, "t"), 2000))["tables"], list):
+        assert time.monotonic() < deadline, later["tables"]
+        time.sleep(0.05)
+    items = later["tables"][0]
+    assert items["table"] == "items" and items["rows"] == 500
+    assert {c["name"]: c["distinct"] for c in items["columns"]} == {"id": 500, "city": 1}
+
+
+def test_a_result_of_long_records_is_converted(tmp_path: Path) -> None:
+    """200 records of 200 KB: the table's commit could not pin its blocks within the conversion's first
+    memory limit (a TransactionException, not an out-of-memory one), and the query failed."""
+    store = ResponseStore(tmp_path)
+    saved = store.save_text("t", json.dumps({"data": [{"id": i, "s": "y" * 200_000} for i in range(200)]}), "json")
+    tool = Explorer(store)
+    answer = tool.query(Args({"path": saved.id, "sql": "SELECT count(*), sum(length(s)) FROM items"}, "t"), 300)
+    assert answer["rows"] == [[200, 200 * 200_000]]
