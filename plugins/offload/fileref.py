@@ -28,6 +28,10 @@ META_INLINE = 64 * 1024  # a `_meta` larger than this is not passed on whole...
 META_KEY_INLINE = 4 * 1024  # ...its keys larger than this go to a file, named under META_NOTE
 META_NOTE = "mcp-context-gateway/offloadedMeta"
 INLINE_COLUMNS = 60
+TABLES_WAIT = 2.0  # seconds the fileRef waits at most for the tables of a result...
+TABLES_WAIT_BYTES = (
+    16 * 1024 * 1024
+)  # ...up to this size (converted in well under a second); a larger one answers at once
 HEAD_BYTES = 256 * 1024
 MAX_LISTED_FILES = 6
 
@@ -162,14 +166,17 @@ def _save_text(store: ResponseStore, stem: str, text: str) -> Saved:
 
 
 def inline_outline(saved: Saved, namespace: str) -> dict[str, Any]:
-    """A few lines of outline for the fileRef reply, and the tables a query can use if they are ready
-    (their columns named, so a first query needs no look): cheap even for a huge file, never waiting for
-    the conversion, which starts here in the background."""
+    """A few lines of outline for the fileRef reply, and the tables a query can use (their columns named,
+    so a first query needs no look): cheap even for a huge file. The conversion starts here in the
+    background; a small result's fileRef waits briefly for its tables, a large
+    one's never does."""
     if saved.kind == "binary":
         return {"type": "binary", "mime": saved.mime}
     query.tables_now(saved.path, saved.kind, namespace)  # starts the conversion
     out = _text_outline(saved) if saved.kind == "text" else _json_outline(saved)
     tables = query.tables_now(saved.path, saved.kind, namespace)
+    if isinstance(tables, str) and saved.size <= TABLES_WAIT_BYTES:
+        tables = query.tables_within(saved.path, TABLES_WAIT) or query.tables_now(saved.path, saved.kind, namespace)
     if isinstance(tables, str):
         out["tables"] = tables
         return out

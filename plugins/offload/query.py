@@ -418,6 +418,21 @@ def tables_now(result: Path, kind: str, namespace: str = "") -> list[Table] | st
     return f"being prepared ({so_far}); response_outline lists them when ready, and response_query waits for them"
 
 
+def tables_within(result: Path, seconds: float) -> list[Table] | None:
+    """The result's tables, profiled, waiting at most `seconds` for the conversion under way; None past
+    that or when it failed. A small result's fileRef waits this long so that a first query needs no look
+    (a look costs the model a call and its tokens); an outline never waits."""
+    deadline = time.monotonic() + seconds
+    while True:
+        if (ready := _TABLES.peek(result)) is not None:
+            return ready
+        with _RUNNING_LOCK:
+            converting = str(result) in _PREPARING
+        if not converting or time.monotonic() >= deadline:
+            return None
+        time.sleep(0.02)
+
+
 def _tables_of(profiled: list[dict[str, Any]]) -> list[Table]:
     known = {f.name for f in fields(Table)}
     return [Table(**{k: v for k, v in t.items() if k in known}) for t in profiled]
