@@ -10,6 +10,7 @@ import sysconfig
 from pathlib import Path
 from typing import Any
 
+import anyio
 import mcp_types as types
 import pytest
 from conftest import call, inproc, make_settings, ok, probe, text_of
@@ -268,3 +269,25 @@ async def test_a_large_markdown_file_is_ingested_in_parts_by_a_gateway_process(t
     assert done["chunks"] == len(expected)
     assert window["chunks"][-1]["text"] == expected[-1].text
     assert "Traceback" not in (tmp_path / "gw.err").read_text()
+
+
+async def test_a_folder_ingest_walks_off_the_loop_and_stops_at_its_folder_cap(tmp_path: Path) -> None:
+    """A tree of empty folders costs a walk like any other: it is cut at MAX_DIR_FOLDERS with a message,
+    and while a walk runs the gateway answers another call."""
+    from plugins.documents import plugin as documents
+
+    root = tmp_path / "root"
+    for i in range(documents.MAX_DIR_FOLDERS + 10):
+        (root / "walk" / f"d{i // 100}" / f"e{i}").mkdir(parents=True)
+    (root / "small" / "a").mkdir(parents=True)
+    (root / "small" / "a" / "note.md").write_text("# Note\n\n세션 notes\n")
+    async with inproc(docs_settings(tmp_path, [root])) as (_, session):
+        refused = await call(session, "doc_ingest", {"file_path": str(root / "walk")})
+        assert refused.is_error and f"{documents.MAX_DIR_FOLDERS} folders" in text_of(refused)
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call, session, "doc_ingest", {"file_path": str(root / "walk" / "d1")})
+                listed = await call(session, "doc_list", {})  # answered while the walk runs
+                assert not listed.is_error
+        done = await ok(session, "doc_ingest", {"file_path": str(root / "small")})
+        assert [d["file"] for d in done["ingested"]] == ["a/note.md"]

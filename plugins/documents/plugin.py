@@ -33,6 +33,7 @@ T = TypeVar("T")
 
 MAX_FILE_BYTES = 64 * 1024 * 1024
 MAX_DIR_FILES = 2000
+MAX_DIR_FOLDERS = 5000  # a folder ingest walks at most this many folders
 MAX_JSON_AS_TEXT = 4 * 1024 * 1024
 
 
@@ -333,8 +334,8 @@ class DocumentsPlugin(Plugin):
             result = await self._run(call, self._put, call.namespace, doc_id, name, "inline", text, kind)
             return self._ingested(result)
         roots = self.settings.ingest_roots
-        real = resolve_ingest_path(file_path, roots, self._private())
-        if real.is_dir():
+        real, folder = await self._run(call, self._resolved, file_path, roots)
+        if folder:
             return await self._ingest_dir(real, roots, call)
         result = await self._run(call, self._put_file, call.namespace, real, title or real.name)
         return self._ingested(result)
@@ -350,26 +351,42 @@ class DocumentsPlugin(Plugin):
         body = read_text_file(real)
         return self._put(namespace, _file_id(real), title, str(real), body, kind_of(real.name, body))
 
-    async def _ingest_dir(self, folder: Path, roots: list[Path], call: ToolCall) -> dict[str, Any]:
+    def _resolved(self, file_path: str, roots: list[Path]) -> tuple[Path, bool]:
+        """The path asked for, checked against the roots, and whether it is a folder (file system calls:
+        off the loop)."""
+        real = resolve_ingest_path(file_path, roots, self._private())
+        return real, real.is_dir()
+
+    def _files_below(self, folder: Path, private: list[Path]) -> list[Path]:
+        """The files a folder ingest reads (hidden ones and the gateway's own paths left out): a walk of
+        the file system, so it runs off the loop, and stops at MAX_DIR_FILES files or MAX_DIR_FOLDERS
+        folders (a tree of empty folders is no cheaper to walk than one of files)."""
         files: list[Path] = []
-        private = self._private()
-        for base, dirs, names in os.walk(folder, followlinks=False):
+        for folders, (base, dirs, names) in enumerate(os.walk(folder, followlinks=False), 1):
+            if len(files) > MAX_DIR_FILES or folders > MAX_DIR_FOLDERS:
+                raise IngestError(
+                    f"{folder} holds more than {MAX_DIR_FILES} files or {MAX_DIR_FOLDERS} folders; "
+                    "ingest a smaller folder"
+                )
             dirs[:] = sorted(
                 d
                 for d in dirs
                 if not d.startswith(".")
                 and not any(_same_or_below(Path(os.path.realpath(Path(base) / d)), p) for p in private)
             )
-            for name in sorted(names):
-                if not name.startswith("."):
-                    files.append(Path(base) / name)
-            if len(files) > MAX_DIR_FILES:
-                raise IngestError(f"{folder} holds more than {MAX_DIR_FILES} files; ingest a smaller folder")
+            files.extend(Path(base) / name for name in sorted(names) if not name.startswith("."))
+        if len(files) > MAX_DIR_FILES:
+            raise IngestError(f"{folder} holds more than {MAX_DIR_FILES} files; ingest a smaller folder")
+        return files
+
+    async def _ingest_dir(self, folder: Path, roots: list[Path], call: ToolCall) -> dict[str, Any]:
+        private = self._private()
+        files = await self._run(call, self._files_below, folder, private)
         done, skipped = [], []
         for i, path in enumerate(files):
             await call.report_progress(i, len(files), f"ingesting {path.name}")
             try:
-                real = resolve_ingest_path(str(path), roots, private)
+                real = await self._run(call, resolve_ingest_path, str(path), roots, private)
                 result = await self._run(call, self._put_file, call.namespace, real, real.name)
             except IngestError as exc:
                 skipped.append({"file": str(path.relative_to(folder)), "reason": str(exc)})

@@ -227,8 +227,11 @@ def _refused(conn: Any, sql: str) -> str | None:
     except Exception:  # a syntax error: DuckDB's own message says where, when it runs
         return None
     for statement in statements:
-        kind = str(statement.type).rpartition(".")[2]
-        if kind in REFUSED:
+        try:
+            kind = str(statement.type).rpartition(".")[2]
+        except ValueError:  # a statement type the Python binding cannot name (UPDATE EXTENSIONS): not a query
+            kind = "UNKNOWN"
+        if kind in REFUSED or kind == "UNKNOWN":
             return (
                 f"{kind.replace('_', ' ')} statements are not allowed: response_query answers queries "
                 "(SELECT, WITH, DESCRIBE, ...); it never writes, attaches or loads files. Large answers are "
@@ -275,12 +278,13 @@ def _answer(conn: Any, request: dict[str, Any], out: Any) -> None:
         fetched = 0
         for row in batch:
             part = json.dumps(row, ensure_ascii=False, default=str)
-            if len(part) > ROW_BYTES:  # bytes are capped where they are made: never one huge line
-                _send(out, {"error": _row_too_large(len(part)), "kind": "sql"})
+            width = len(part) if part.isascii() else len(part.encode())  # bytes as written (한 is 3)
+            if width > ROW_BYTES:  # bytes are capped where they are made: never one huge line
+                _send(out, {"error": _row_too_large(width), "kind": "sql"})
                 return
             parts.append(part)
-            size += len(part) + 1
-            fetched += len(part) + 1
+            size += width + 1
+            fetched += width + 1
             if size >= BATCH_BYTES:
                 _send(out, '{"rows": [' + ",".join(parts) + "]}")
                 parts, size = [], 0

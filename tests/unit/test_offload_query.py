@@ -121,6 +121,10 @@ def test_a_row_batch_never_grows_past_its_bytes(explorer: tuple[Explorer, str]) 
     with pytest.raises(query.QueryError, match="one row of the answer is"):
         with query.execute(result, "json", "SELECT repeat('x', 20000000) AS s") as (_, rows):
             list(rows)
+    # bytes, not characters: 4 M Korean characters are 12 MB as written, over a row's 8 MB
+    with pytest.raises(query.QueryError, match="one row of the answer is 11 MB"):
+        with query.execute(result, "json", "SELECT repeat('한', 4000000) AS s") as (_, rows):
+            list(rows)
 
 
 def test_copy_and_attach_are_refused_and_spill_files_are_the_querys_own(
@@ -130,7 +134,12 @@ def test_copy_and_attach_are_refused_and_spill_files_are_the_querys_own(
     result = tool.store.resolve(rid)
     query.build(result, "json")
     spill = result.with_name(f".{result.name}.duckdb.tmp")
-    for sql in (f"COPY (SELECT 1) TO '{spill}/x.csv'", f"ATTACH '{tmp_path}/other.db'", "INSTALL httpfs"):
+    for sql in (
+        f"COPY (SELECT 1) TO '{spill}/x.csv'",
+        f"ATTACH '{tmp_path}/other.db'",
+        "INSTALL httpfs",
+        "UPDATE EXTENSIONS",  # a statement type the binding cannot name: refused, not a crash
+    ):
         with pytest.raises(ToolInputError, match="not allowed"):
             _ask(explorer, sql)
     assert not (spill / "x.csv").exists() and not (tmp_path / "other.db").exists()
