@@ -291,3 +291,29 @@ async def test_a_folder_ingest_walks_off_the_loop_and_stops_at_its_folder_cap(tm
                 assert not listed.is_error
         done = await ok(session, "doc_ingest", {"file_path": str(root / "small")})
         assert [d["file"] for d in done["ingested"]] == ["a/note.md"]
+
+
+async def test_one_caller_ingests_one_document_at_a_time(tmp_path: Path) -> None:
+    """Chunking and indexing hold the interpreter for seconds on a large document: a caller's second
+    ingest at once is told to wait (its first goes on), and another caller's ingest runs meanwhile."""
+    from conftest import ALICE, BOB, gateway_env, serving, tenant_session, two_tenants
+
+    cmd, port = two_tenants(tmp_path, {}, ["documents"])
+    url = f"http://127.0.0.1:{port}/mcp"
+    body = "".join(f"# Part {i}\n\n" + f"word{i} getUserName{i} 세션을 찾는다 " * 400 + "\n\n" for i in range(600))
+    with serving(cmd, f"http://127.0.0.1:{port}/nothing", gateway_env()):
+        async with tenant_session(url, ALICE) as alice, tenant_session(url, BOB) as bob:
+            answers: dict[str, Any] = {}
+
+            async def ingest(who: str, session: Any, title: str) -> None:
+                answers[title] = await session.call_tool("doc_ingest", {"text": body + title, "title": title})
+
+            with anyio.fail_after(240):
+                async with anyio.create_task_group() as tg:
+                    for title in ("a1", "a2", "a3"):  # two of them take longer than her wait for a place
+                        tg.start_soon(ingest, "alice", alice, title)
+                    tg.start_soon(ingest, "bob", bob, "b1")
+    alice_errors = [t for t in ("a1", "a2", "a3") if answers[t].is_error]
+    assert 1 <= len(alice_errors) <= 2, [text_of(answers[t])[:200] for t in ("a1", "a2", "a3")]
+    assert all("1 of your document ingests" in text_of(answers[t]) for t in alice_errors)
+    assert not answers["b1"].is_error, text_of(answers["b1"])

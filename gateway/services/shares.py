@@ -131,6 +131,13 @@ def store_pool() -> Pool:
     return pool("store", total=16, per_caller=4, noun="memory and document calls")
 
 
+def ingest_pool() -> Pool:
+    """Document ingests: chunking and indexing are Python in the gateway's process and hold the GIL for
+    seconds on a large document, so one caller ingests one at a time (two at once in all) and the
+    others' calls keep their share of the interpreter."""
+    return pool("ingest", total=2, per_caller=1, noun="document ingests")
+
+
 def explore_pool() -> Pool:
     """The offload explore tools' file work (outline, slice, search, compress) in the gateway process."""
     return pool("explore", total=16, per_caller=4, noun="response_* calls")

@@ -331,18 +331,24 @@ class DocumentsPlugin(Plugin):
             doc_id = "doc_" + hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:10]
             name = title or text.strip().splitlines()[0][:80]
             kind = kind_of(title or "", text)
-            result = await self._run(call, self._put, call.namespace, doc_id, name, "inline", text, kind)
+            result = await self._ingesting(call, self._put, call.namespace, doc_id, name, "inline", text, kind)
             return self._ingested(result)
         roots = self.settings.ingest_roots
         real, folder = await self._run(call, self._resolved, file_path, roots)
         if folder:
             return await self._ingest_dir(real, roots, call)
-        result = await self._run(call, self._put_file, call.namespace, real, title or real.name)
+        result = await self._ingesting(call, self._put_file, call.namespace, real, title or real.name)
         return self._ingested(result)
 
     async def _run(self, call: ToolCall, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)` off the event loop, within the caller's share of the store threads."""
         return await shares.store_pool().run(call.namespace, fn, *args)
+
+    async def _ingesting(self, call: ToolCall, fn: Callable[..., T], *args: Any) -> T:
+        """An ingest's chunking and indexing: one at a time per caller (`shares.ingest_pool`), then on
+        the store threads like every other document call."""
+        async with shares.ingest_pool().slot(call.namespace):
+            return await self._run(call, fn, *args)
 
     def _put(self, namespace: str, doc_id: str, title: str, source: str, text: str, kind: str) -> dict[str, Any]:
         return self._store(namespace).put(doc_id, title, source, text, kind)
@@ -387,7 +393,7 @@ class DocumentsPlugin(Plugin):
             await call.report_progress(i, len(files), f"ingesting {path.name}")
             try:
                 real = await self._run(call, resolve_ingest_path, str(path), roots, private)
-                result = await self._run(call, self._put_file, call.namespace, real, real.name)
+                result = await self._ingesting(call, self._put_file, call.namespace, real, real.name)
             except IngestError as exc:
                 skipped.append({"file": str(path.relative_to(folder)), "reason": str(exc)})
                 continue
