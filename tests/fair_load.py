@@ -4,10 +4,11 @@ Used by `tests/test_fair_sharing.py` (the other tenant's calls all answer in tim
 `bench/fair_sharing.py` (both tenants' latencies, idle and under load, from one run).
 
 The gateway fronts the probe server (a real SDK server over stdio) with every plugin on and two named
-tokens, alice and bob. Alice's set: 40 SQL queries at once on her 25 MB result (offloaded beforehand), two recursive JSONPath
-slices of it, the compaction of a 1,500-note session, a recall over 40 notes of 100,000 characters,
-then a flood of sessions past her share (her oldest idle ones are reclaimed). Bob meanwhile: an upstream echo, a note, the outline of his
-own small result, one after another.
+tokens, alice and bob. Alice's set: 40 SQL queries at once on her 25 MB result (offloaded beforehand),
+two recursive JSONPath slices of it, the compaction of a 1,500-note session, a recall over 40 notes of
+100,000 characters, two 5 MB documents ingested at once, then a flood of sessions past her share (her
+oldest idle ones are reclaimed). Bob meanwhile: an upstream echo, a note, the outline of his own small
+result, one after another.
 """
 
 from __future__ import annotations
@@ -200,6 +201,13 @@ async def heavy_work(
             heavy, alice, "context_recall", {"session_id": "long", "query": "gamma 검색", "max_tokens": 4000}
         )
         step("recall over 40 long notes")
+        document = "".join(
+            f"# Part {i}\n\n" + f"service {i} moved to region eu-{i % 7} 세션을 " * 200 + "\n\n" for i in range(600)
+        )
+        await _all_at_once(
+            [lambda t=t: _counted(heavy, alice, "doc_ingest", {"text": document + t, "title": t}) for t in ("d1", "d2")]
+        )
+        step("two 5 MB documents ingested at once")
     await session_flood(url, ALICE, flood, heavy)
     step("session flood")
 
