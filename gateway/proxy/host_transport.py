@@ -301,6 +301,7 @@ def build_http_app(gateway: Gateway) -> tuple[Any, StreamableHTTPSessionManager]
         max_sessions=None,  # `SessionShares` caps them, per token and in all
     )
     endpoint: Any = StreamableHTTPASGIApp(manager)
+    gateway.hosts.ended = lambda sid: sid not in compat.http_sessions(manager)  # forgotten for pushes
     if cfg.lean_path:  # plain calls answered beside the SDK, both eras (proxy/lean_http.py)
         lean = gateway.lean
         schema = gateway.server.get_tool_input_schema
@@ -311,6 +312,7 @@ def build_http_app(gateway: Gateway) -> tuple[Any, StreamableHTTPSessionManager]
     tokens = {t.token: t.name for t in gateway.settings.auth.all_tokens()}
     if cfg.auth_token:
         tokens[cfg.auth_token] = ""
+    gateway.notices.shared = len(set(tokens.values())) > 1  # an upstream's log goes to its caller's namespace only
     metrics: Any = MetricsEndpoint(
         gateway.stats, lambda: {name: up.state for name, up in gateway.upstreams.items()}, security
     )

@@ -7,7 +7,6 @@ resource, to the hosts subscribed to it, to the host that made the call in fligh
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from typing import Any
@@ -20,7 +19,7 @@ from mcp.server.session import ServerSession
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
 from mcp.shared.subscriptions import ResourceUpdated
 
-from gateway.proxy.host_sessions import is_modern, session_id_of
+from gateway.proxy.host_sessions import HostConnections, is_modern, session_id_of
 from gateway.proxy.routing import URI_SEP, Route, RoutingTable
 from gateway.proxy.upstream import Upstream
 
@@ -33,7 +32,7 @@ class Notices:
     def __init__(
         self,
         routing: RoutingTable,
-        hosts: OrderedDict[str, ServerSession],
+        hosts: HostConnections,
         remember: Callable[[ServerRequestContext[Any]], str],
         after_start: Callable[[Callable[[], Route | None]], Awaitable[Route | None]],
         wait_ready: Callable[[], Awaitable[None]],
@@ -49,6 +48,7 @@ class Notices:
         self.bus = InMemorySubscriptionBus()  # 2026-era hosts' `subscriptions/listen` streams
         self.listen_handler = ListenHandler(self.bus)
         self.subscribers: dict[str, set[str]] = {}  # resource URI -> host sessions / listen streams watching it
+        self.shared = False  # several namespaces (named tokens) on this gateway: set by the HTTP front
 
     def forget_servers(self, names: list[str]) -> None:
         """Subscriptions to servers that are gone (removed or restarted by a reload)."""
@@ -97,7 +97,7 @@ class Notices:
             logger = f"{upstream.name}/{params.logger}" if params.logger else upstream.name
             # handshake-era hosts on their connection; a 2026 host only on the stream of a call in flight
             # to this server, at the level that call's `_meta` asked for (its session filters by it)
-            for host in [h for h in self.hosts.values() if not is_modern(h)]:
+            for host in [h for h in self._log_readers(upstream, logger, params) if not is_modern(h)]:
                 with suppress(Exception):  # a host that went away
                     await host.send_log_message(params.level, params.data, logger=logger)
             for host, request_id in upstream.hosts_in_flight():
@@ -119,6 +119,27 @@ class Notices:
                         await host.send_resource_updated(uri)
             with suppress(Exception):
                 await self.bus.publish(ResourceUpdated(uri))
+
+    def _log_readers(
+        self, upstream: Upstream, logger: str, params: types.LoggingMessageNotificationParams
+    ) -> list[Any]:
+        """The host connections an upstream's log message goes to: every one; on a shared gateway only
+        those of the namespace whose calls are in flight on the upstream. A log message carries no
+        request id, so with none or several namespaces' calls in flight whose it is cannot be told,
+        and one tenant's log lines must never reach another: it is logged here at debug instead."""
+        if not self.shared:
+            return self.hosts.values()
+        owners = upstream.namespaces_in_flight()
+        if len(owners) == 1:
+            return self.hosts.values(next(iter(owners)))
+        log.debug(
+            "%s [%s] (sent to no host: calls of %d tokens in flight): %s",
+            logger,
+            params.level,
+            len(owners),
+            params.data,
+        )
+        return []
 
     async def subscribe(self, ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams) -> Any:
         """resources/subscribe, forwarded to the server that owns the resource (once per resource)."""

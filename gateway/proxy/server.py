@@ -6,7 +6,6 @@ import asyncio
 import base64
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -25,7 +24,14 @@ from gateway.pipeline import build_pipeline
 from gateway.plugin import GatewayContext, Plugin, PluginTool, ToolCall
 from gateway.proxy.catalog_mode import CatalogMode
 from gateway.proxy.exchanges import Exchange, Exchanges
-from gateway.proxy.host_sessions import client_name, forwardable_meta, is_modern, namespace_of, session_id_of
+from gateway.proxy.host_sessions import (
+    HostConnections,
+    client_name,
+    forwardable_meta,
+    is_modern,
+    namespace_of,
+    session_id_of,
+)
 from gateway.proxy.lean import LeanFront, spawn
 from gateway.proxy.notices import Notices
 from gateway.proxy.reload import STOP_WAIT, Plan
@@ -56,7 +62,6 @@ from gateway.settings import ServerConfig, Settings
 log = logging.getLogger("gateway.server")
 
 PAGE_SIZE = 100
-MAX_HOSTS = 64  # host connections remembered for list_changed pushes
 READY_WAIT_CAP = 30.0  # longest a tools/list waits for slow upstreams; later arrivals are pushed by list_changed
 
 
@@ -158,7 +163,7 @@ class Gateway:
         self.meta_tools: dict[str, PluginTool] = {spec.tool.name: spec for spec in self.catalog_mode.tools()}
         self.local_tools: dict[str, PluginTool] = {}  # every tool the gateway answers itself: one dispatch
         self._collect_tools()
-        self.hosts: OrderedDict[str, ServerSession] = OrderedDict()
+        self.hosts = HostConnections()
         self.notices = Notices(
             self.routing, self.hosts, self._remember_host, self._after_start, self.wait_ready, self._spawn
         )
@@ -324,19 +329,13 @@ class Gateway:
         if self.hosts.get(sid) is not ctx.session and caps is not None and caps.roots is not None:
             # a host with roots arrived after the upstreams asked (they start first): they ask again
             self.notices.roots_changed()
-        self.hosts[sid] = ctx.session
-        self.hosts.move_to_end(sid)
-        while len(self.hosts) > MAX_HOSTS:
-            self.hosts.popitem(last=False)
+        self.hosts.remember(namespace_of(ctx), sid, ctx.session)
         return sid
 
     def host_of(self, session_id: str) -> ServerSession | None:
         """The host session behind an HTTP session id, once it has spoken, kept among the most recent
         (as `_remember_host` keeps it for the SDK's path)."""
-        session = self.hosts.get(session_id)
-        if session is not None:
-            self.hosts.move_to_end(session_id)
-        return session
+        return self.hosts.touch(session_id)
 
     def _snapshot(self) -> tuple[Any, ...]:
         return (
@@ -364,7 +363,7 @@ class Gateway:
             await self.notices.bus.publish(event())
         except Exception:
             log.exception("publishing %s change to 2026-era hosts failed", what)
-        for sid, session in list(self.hosts.items()):
+        for sid, session in self.hosts.items():
             try:
                 await getattr(session, f"send_{what[:-1]}_list_changed")()
             except Exception as exc:  # a host that went away
@@ -621,7 +620,8 @@ class Gateway:
         if not upstream.ready.is_set() or self._refusal(call) is not None:
             return None
         call.server, call.tool = route.server, route.name
-        return upstream.start_lean(route.name, call.arguments, call.meta, done, (call.host_session, call.request_id))
+        host = (call.host_session, call.request_id)
+        return upstream.start_lean(route.name, call.arguments, call.meta, done, host, namespace=call.namespace)
 
     async def call(self, call: ToolCall) -> types.CallToolResult:
         """Run a tool by its host-facing name (own tool or upstream); fills in `call.server`/`call.tool`."""
@@ -643,6 +643,7 @@ class Gateway:
             host=(call.host_session, call.request_id),
             exchange=call.exchange,
             lean=call.lean,
+            namespace=call.namespace,
         )
 
     def _refusal(self, call: ToolCall) -> str | None:

@@ -68,6 +68,7 @@ class _InFlight:
     scope: anyio.CancelScope | Clock  # the call's clock; both move by `deadline`
     timeout: float
     exchange: Any = None  # a 2026 host: its questions go out as `input_required` (proxy/exchanges.py)
+    namespace: str = ""  # the token the call came with (whose logs the upstream sends meanwhile)
 
     @contextmanager
     def paused(self) -> Iterator[None]:
@@ -487,6 +488,7 @@ class Upstream:
         host: tuple[Any, Any] = (None, None),
         exchange: Any = None,
         lean: bool = False,
+        namespace: str = "",
     ) -> types.CallToolResult:
         """Forward a call; every failure comes back as an `isError` result naming this server. `lean`:
         written beside the SDK's session on a stdio upstream (`start_lean`), for a caller that relays
@@ -498,7 +500,14 @@ class Upstream:
         if lean:
             answer: asyncio.Future[types.CallToolResult] = asyncio.get_running_loop().create_future()
             cancel = self.start_lean(
-                tool, arguments, meta, lambda r: answer.done() or answer.set_result(r), host, timeout, exchange
+                tool,
+                arguments,
+                meta,
+                lambda r: answer.done() or answer.set_result(r),
+                host,
+                timeout,
+                exchange,
+                namespace,
             )
             if cancel is not None:
                 try:
@@ -508,7 +517,7 @@ class Upstream:
                     if not answer.done() or answer.cancelled():
                         cancel()
         scope = anyio.CancelScope(deadline=anyio.current_time() + timeout)
-        flight = _InFlight(host[0], host[1], scope, timeout, exchange)
+        flight = _InFlight(host[0], host[1], scope, timeout, exchange, namespace)
         self._in_flight.append(flight)
         try:
             return await self._forward(session, tool, arguments, meta, progress, scope, timeout)
@@ -524,6 +533,7 @@ class Upstream:
         host: tuple[Any, Any] = (None, None),
         timeout: float | None = None,
         exchange: Any = None,
+        namespace: str = "",
     ) -> Callable[[], None] | None:
         """`call_tool` on the lean path without waiting (`proxy/lean.py`): the request is written now
         and `done` gets the result once, as `call_tool` would return it (from the read callback that
@@ -572,7 +582,7 @@ class Upstream:
         if meta:
             params["_meta"] = meta
         clock = Clock(timeout, expired)
-        flight = _InFlight(host[0], host[1], clock, timeout, exchange)
+        flight = _InFlight(host[0], host[1], clock, timeout, exchange, namespace)
         try:
             rid = self.raw.start("tools/call", params, settle, progressed)
         except BaseException:  # nothing was sent: no timer may later answer for it
@@ -744,6 +754,10 @@ class Upstream:
         except Exception as exc:
             log.info("upstream %s: %s not forwarded: %s", self.name, what, describe(exc))
             return types.ErrorData(code=types.INTERNAL_ERROR, message=f"{what} failed: {describe(exc)}")
+
+    def namespaces_in_flight(self) -> set[str]:
+        """The namespaces (tokens) whose calls to this upstream are running."""
+        return {f.namespace for f in self._in_flight}
 
     def hosts_in_flight(self) -> list[tuple[Any, Any]]:
         """(host session, request id) of the calls to this upstream still running."""
