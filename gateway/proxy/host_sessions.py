@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 import mcp_types as types
 from mcp.server import ServerRequestContext
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+from gateway.services.namespaced import PerNamespace
 
 NAMESPACE_SCOPE_KEY = "mcp_context_gateway.namespace"  # set by the HTTP front's bearer check
 HOSTS_PER_NAMESPACE = 64  # host connections remembered per namespace, to push notifications to
@@ -73,51 +74,23 @@ def session_bound(session_id: str) -> bool:
     return session_id != "stdio" and session_id != "http" and not session_id.startswith("http/")
 
 
-class HostConnections:
+class HostConnections(PerNamespace[Any]):
     """The host connections the gateway pushes to (list changes, resource updates, log messages): a share
-    per namespace, the oldest of that namespace forgotten first, so one token's sessions never push
-    another's out; HTTP sessions that ended are forgotten too (`ended`, set by the HTTP front)."""
+    per namespace (`PerNamespace`), so one token's sessions never push another's out; HTTP sessions that
+    ended are forgotten too (`ended`, set by the HTTP front)."""
 
     def __init__(self, per_namespace: int = HOSTS_PER_NAMESPACE):
-        self.per_namespace = per_namespace
-        self.by_namespace: dict[str, OrderedDict[str, Any]] = {}  # namespace -> sid -> session, oldest first
-        self.namespace: dict[str, str] = {}  # sid -> its namespace
+        super().__init__(per_namespace)
         self.ended: Callable[[str], bool] = lambda sid: False
 
-    def remember(self, namespace: str, sid: str, session: Any) -> None:
-        """`sid` spoke: kept as its namespace's most recent."""
-        held = self.by_namespace.setdefault(namespace, OrderedDict())
+    def put(self, namespace: str, key: str, value: Any) -> None:
         self._prune([namespace])
-        held[sid] = session
-        held.move_to_end(sid)
-        self.namespace[sid] = namespace
-        while len(held) > self.per_namespace:
-            self.namespace.pop(held.popitem(last=False)[0], None)
-
-    def get(self, sid: str) -> Any | None:
-        held = self.by_namespace.get(self.namespace.get(sid, ""), {})
-        return held.get(sid)
-
-    def touch(self, sid: str) -> Any | None:
-        """The session behind `sid`, kept among its namespace's most recent; None when not remembered."""
-        held = self.by_namespace.get(self.namespace.get(sid, ""))
-        if held is None or sid not in held:
-            return None
-        held.move_to_end(sid)
-        return held[sid]
-
-    def pop(self, sid: str) -> None:
-        held = self.by_namespace.get(self.namespace.pop(sid, ""), {})
-        held.pop(sid, None)
+        super().put(namespace, key, value)
 
     def items(self, namespace: str | None = None) -> list[tuple[str, Any]]:
         """(sid, session) of the open connections: of one namespace, or of all."""
-        spaces = list(self.by_namespace) if namespace is None else [namespace]
-        self._prune(spaces)
-        return [item for space in spaces for item in self.by_namespace.get(space, {}).items()]
-
-    def values(self, namespace: str | None = None) -> list[Any]:
-        return [session for _, session in self.items(namespace)]
+        self._prune(list(self.by_namespace) if namespace is None else [namespace])
+        return super().items(namespace)
 
     def _prune(self, namespaces: list[str]) -> None:
         for namespace in namespaces:

@@ -323,13 +323,13 @@ class Gateway:
     # -- change propagation ---------------------------------------------------------------
 
     def _remember_host(self, ctx: ServerRequestContext[Any]) -> str:
-        sid = session_id_of(ctx)
-        self.window.note_host(sid, client_name(ctx))
+        sid, namespace = session_id_of(ctx), namespace_of(ctx)
+        self.window.note_host(sid, client_name(ctx), namespace)
         caps = getattr(ctx.session, "client_capabilities", None)
         if self.hosts.get(sid) is not ctx.session and caps is not None and caps.roots is not None:
             # a host with roots arrived after the upstreams asked (they start first): they ask again
             self.notices.roots_changed()
-        self.hosts.remember(namespace_of(ctx), sid, ctx.session)
+        self.hosts.put(namespace, sid, ctx.session)
         return sid
 
     def host_of(self, session_id: str) -> ServerSession | None:

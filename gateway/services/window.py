@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from gateway.services.context_levels import HostBridge
+from gateway.services.namespaced import PerNamespace
 
 if TYPE_CHECKING:
     from gateway.services.model_endpoint import ModelEndpoint
@@ -86,13 +87,12 @@ class ContextWindow:
         self.settings = settings
         self.llm = llm
         self.bridge = bridge or HostBridge()
-        self.hosts: dict[str, str] = {}  # host connection -> the clientInfo name it gave
+        # host connection -> the clientInfo name it gave; connections come and go: the newest kept, per namespace
+        self.hosts: PerNamespace[str] = PerNamespace(256)
 
-    def note_host(self, session_id: str, client_name: str | None) -> None:
+    def note_host(self, session_id: str, client_name: str | None, namespace: str = "") -> None:
         if client_name:
-            self.hosts[session_id] = client_name
-            while len(self.hosts) > 256:  # connections come and go; keep the newest
-                self.hosts.pop(next(iter(self.hosts)))
+            self.hosts.put(namespace, session_id, client_name)
 
     def _host_setting(self, name: str | None) -> tuple[str, int]:
         """The `[hosts."<key>"]` table that names this host (case, spaces, `-` and `_` alike)."""

@@ -18,10 +18,11 @@ import mcp_types as types
 from gateway.plugin import GatewayContext, Plugin, ToolCall
 from gateway.services.context_levels import Debounce, level_for, note_text
 from gateway.services.costs import definition_tokens
+from gateway.services.namespaced import PerNamespace
 from gateway.services.tokens import estimate_tokens
 
 log = logging.getLogger("plugins.monitor")
-MAX_LEDGERS = 1024
+MAX_LEDGERS = 1024  # per namespace (HTTP token): one tenant's sessions never push out another's
 LEDGER_SOURCE = "gateway estimate{}: tool traffic only"  # for which tokenizer
 BRIDGE_SOURCE = "reported by the host"
 
@@ -44,17 +45,18 @@ class MonitorPlugin(Plugin):
 
     def __init__(self) -> None:
         self.ctx: GatewayContext | None = None
-        self.ledgers: dict[str, Ledger] = {}
+        self.ledgers: PerNamespace[Ledger] = PerNamespace(MAX_LEDGERS)  # host connection -> its ledger
 
     async def start(self, ctx: GatewayContext) -> None:
         self.ctx = ctx
 
-    def _ledger(self, session_id: str) -> Ledger:
+    def _ledger(self, session_id: str, namespace: str | None = None) -> Ledger:
+        """The connection's ledger; a call names its namespace, and the ledger is filed under it."""
         ledger = self.ledgers.get(session_id)
-        if ledger is None:
-            ledger = self.ledgers[session_id] = Ledger()
-            while len(self.ledgers) > MAX_LEDGERS:  # HTTP sessions come and go: keep the newest
-                self.ledgers.pop(next(iter(self.ledgers)))
+        if ledger is None or namespace is not None:
+            ledger = ledger or Ledger()
+            owner = self.ledgers.namespace.get(session_id, "") if namespace is None else namespace
+            self.ledgers.put(owner, session_id, ledger)  # HTTP sessions come and go: keep the newest
         return ledger
 
     def measure(self, session_id: str) -> tuple[float | None, str, int | None]:
@@ -80,7 +82,7 @@ class MonitorPlugin(Plugin):
 
     def on_tool_result_now(self, call: ToolCall, result: types.CallToolResult) -> types.CallToolResult:
         try:
-            ledger = self._ledger(call.session_id)
+            ledger = self._ledger(call.session_id, call.namespace)
             ledger.calls += 1
             ledger.results += call.cost_of(result).tokens + call.argument_tokens()
             remaining, source, window = self.measure(call.session_id)
