@@ -232,8 +232,8 @@ ALICE, BOB = "alice-token-0123456789abcdef", "bob-token-0123456789abcdefgh"
 
 
 @asynccontextmanager
-async def tenant_session(url: str, token: str) -> AsyncIterator[ClientSession]:
-    """A host session over HTTP with a bearer token ("" = none)."""
+async def tenant_session(url: str, token: str, notes: Any = None) -> AsyncIterator[ClientSession]:
+    """A host session over HTTP with a bearer token ("" = none); `notes` gets what the gateway pushes."""
     import httpx2
     from mcp.client.streamable_http import streamable_http_client
 
@@ -242,7 +242,7 @@ async def tenant_session(url: str, token: str) -> AsyncIterator[ClientSession]:
             headers={"Authorization": f"Bearer {token}"} if token else {}, timeout=httpx2.Timeout(30)
         ) as http,
         streamable_http_client(url, http_client=http) as (read, write),
-        ClientSession(read, write) as s,
+        ClientSession(read, write, message_handler=notes) as s,
     ):
         await s.initialize()
         yield s

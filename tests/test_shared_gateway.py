@@ -10,12 +10,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import anyio
+import mcp_types as types
 import pytest
 from conftest import (
     ALICE,
     BOB,
     PY,
     RAW_HELLO,
+    Notes,
     call,
     eventually,
     gateway_env,
@@ -276,3 +279,47 @@ async def test_one_tenants_heavy_explore_calls_never_take_anothers_threads(tmp_p
                     assert not theirs.is_error and theirs.structured_content["total"] == 1
                     assert len(answers) == 4  # bob answered while alice's 4 still ran
             assert len(answers) == 8 and sum(not a.is_error for a in answers) == 4
+
+
+async def test_one_tenants_sessions_never_cut_another_off_from_notifications(tmp_path: Path) -> None:
+    """alice opens (and ends) more sessions than the gateway remembers for pushes; bob's session, opened
+    first, still hears tools/list_changed when the upstream's tool list grows."""
+    cmd, port = two_tenants(tmp_path, {"p": probe("p")}, [])
+    url = f"http://127.0.0.1:{port}/mcp"
+    notes = Notes()
+    with serving(cmd, f"http://127.0.0.1:{port}/nothing", gateway_env()):
+        async with tenant_session(url, BOB, notes) as bob:
+            await bob.list_tools()
+            with anyio.fail_after(120):
+                for _ in range(70):
+                    async with tenant_session(url, ALICE) as alice:
+                        await alice.list_tools()
+            async with tenant_session(url, ALICE) as alice:
+                assert not (await call(alice, "p__grow", {})).is_error
+            with anyio.fail_after(10):
+                await notes.changed.wait()
+            assert any(t.name == "p__grown" for t in (await bob.list_tools()).tools)
+
+
+async def test_upstream_logs_of_one_tenants_call_never_reach_another(tmp_path: Path) -> None:
+    """A log message an upstream sends during alice's call reaches alice's session, not bob's."""
+    cmd, port = two_tenants(tmp_path, {"p": probe("p")}, [])
+    url = f"http://127.0.0.1:{port}/mcp"
+    heard: dict[str, Notes] = {"alice": Notes(), "bob": Notes()}
+
+    def logs(who: str) -> list[str]:
+        found = [m for m in heard[who].messages if isinstance(m, types.LoggingMessageNotification)]
+        return [str(m.params.data) for m in found]
+
+    with serving(cmd, f"http://127.0.0.1:{port}/nothing", gateway_env()):
+        async with tenant_session(url, ALICE, heard["alice"]) as alice, tenant_session(url, BOB, heard["bob"]) as bob:
+            await alice.list_tools()
+            await bob.list_tools()
+            await alice.set_logging_level("debug")
+            assert text_of(await call(alice, "p__echo", {"text": "a", "log": True})) == "a"
+            await eventually(lambda: "warning from p" in logs("alice"), what="alice hears her call's logs")
+            # a change pushed to every host after alice's call: on bob's connection it comes after any of her logs
+            assert not (await call(alice, "p__grow", {})).is_error
+            with anyio.fail_after(10):
+                await heard["bob"].changed.wait()
+            assert [line for line in logs("bob") if "from p" in line] == []

@@ -44,6 +44,7 @@ log = logging.getLogger("gateway.upstream")
 BACKOFF_FIRST = 1.0
 BACKOFF_MAX = 30.0
 HEALTHY_AFTER = 60.0  # a connection that lived this long resets the backoff
+LOG_GRACE = 1.0  # s a call counts as in flight after its reply, for the log lines relayed behind it
 CLIENT_INFO = types.Implementation(name="mcp-context-gateway", version="0.1.0")
 
 PROCESS_EXITED = "the server process exited or closed its stdout"
@@ -148,6 +149,7 @@ class Upstream:
         self._refresh = False
         self._log_mark = 0
         self._in_flight: list[_InFlight] = []
+        self._landed_at: dict[str, float] = {}  # namespace -> when its latest call here ended
         self._ping: tuple[anyio.CancelScope, float] | None = None  # the health check in flight, its timeout
         self.raw = RawRequests()  # lean-path calls beside the SDK's session (stdio only)
 
@@ -522,7 +524,7 @@ class Upstream:
         try:
             return await self._forward(session, tool, arguments, meta, progress, scope, timeout)
         finally:
-            self._in_flight.remove(flight)
+            self._landed(flight)
 
     def start_lean(
         self,
@@ -548,8 +550,7 @@ class Upstream:
 
         def end() -> None:
             clock.stop()
-            with contextlib.suppress(ValueError):
-                self._in_flight.remove(flight)
+            self._landed(flight)
 
         def settle(outcome: Outcome | None) -> None:  # None: the clock ran out
             end()
@@ -755,9 +756,19 @@ class Upstream:
             log.info("upstream %s: %s not forwarded: %s", self.name, what, describe(exc))
             return types.ErrorData(code=types.INTERNAL_ERROR, message=f"{what} failed: {describe(exc)}")
 
+    def _landed(self, flight: _InFlight) -> None:
+        """A call ended: its namespace is still counted in flight for `LOG_GRACE` seconds."""
+        with contextlib.suppress(ValueError):
+            self._in_flight.remove(flight)
+            self._landed_at[flight.namespace] = time.monotonic()
+
     def namespaces_in_flight(self) -> set[str]:
-        """The namespaces (tokens) whose calls to this upstream are running."""
-        return {f.namespace for f in self._in_flight}
+        """The namespaces (tokens) whose calls to this upstream are running, or ended within `LOG_GRACE`
+        seconds: a log line the server wrote before its reply may be relayed after the reply landed."""
+        since = time.monotonic() - LOG_GRACE
+        for namespace in [n for n, at in self._landed_at.items() if at < since]:
+            del self._landed_at[namespace]
+        return {f.namespace for f in self._in_flight} | set(self._landed_at)
 
     def hosts_in_flight(self) -> list[tuple[Any, Any]]:
         """(host session, request id) of the calls to this upstream still running."""
