@@ -41,6 +41,9 @@ def fake_llm(request):
 # run time; the target is 1.15, reached for prose, JSON and CJK, not for code (docs/token-estimate.md).
 MEDIAN_CEILING = {"prose": 1.2, "json": 1.2, "cjk": 1.15, "code": 1.45}
 UNDER_AT_MOST = 0.02  # of a kind's held-out windows (the target is 0: not reached for Markdown)
+# `auto` is never below the single widest-lean estimate (the per-family fits undercounted cut answers of
+# CSV lines, logs and query rows), so its medians are that estimate's: 1.11-1.36 held out
+AUTO_CEILING = 1.4
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +73,8 @@ def test_held_out_estimate_never_undercounts_and_stays_close(kind: str, real_tok
             f"{kind}: {under} of {len(windows)} held-out windows undercounted for {family}"
         )
         median = statistics.median(e / c for e, c in zip(estimates, counts, strict=True))
-        assert median <= ceiling, f"{kind} ({family}): median over-estimate {median:.2f}"
+        limit = AUTO_CEILING if family == "auto" else ceiling
+        assert median <= limit, f"{kind} ({family}): median over-estimate {median:.2f}"
 
 
 def test_a_named_tokenizer_counts_a_repeated_log_closer_than_auto(real_tokenizers: dict[str, object]) -> None:
@@ -106,8 +110,8 @@ def test_estimate_handles_edge_content() -> None:
     # a large text is estimated from samples, still leaning high
     big = "".join(token_corpus.json_minified(60)) * 8
     assert len(big) > tokens.SAMPLE_ABOVE
-    exact = len(toks["qwen3.6"].encode(big))
-    assert exact <= BUILT_IN.estimate(big) <= exact * 1.4
+    exact = max(len(t.encode(big)) for t in toks.values())  # the widest real count, as `auto` leans
+    assert exact <= BUILT_IN.estimate(big) <= exact * 1.45  # the larger of two estimates per sample
 
 
 def test_classify_kinds() -> None:
