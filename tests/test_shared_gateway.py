@@ -247,8 +247,8 @@ async def test_documents_written_after_their_folder_was_removed_are_kept(tmp_pat
 
 
 async def test_one_tenants_heavy_explore_calls_never_take_anothers_threads(tmp_path: Path) -> None:
-    """alice sends 8 slow searches at once: 4 (her share) run, the rest are told so at once as isError;
-    bob's search meanwhile answers while hers still run."""
+    """alice sends 8 slow searches at once: 4 (her share) run, those that find no place within 2 s are
+    told so as isError; bob's search meanwhile answers while hers still run."""
     import anyio
 
     cmd, port = two_tenants(tmp_path, {"p": probe("p")}, ["offload"])
@@ -271,14 +271,14 @@ async def test_one_tenants_heavy_explore_calls_never_take_anothers_threads(tmp_p
                 async with anyio.create_task_group() as tg:
                     for _ in range(8):
                         tg.start_soon(search)
-                    await eventually(lambda: len(answers) >= 4, seconds=60)
-                    refused = [text_of(a) for a in answers]
-                    assert len(refused) == 4 and all("at most 4 at once per caller" in t for t in refused), refused
-                    assert all(a.is_error for a in answers)
+                    # past her share, a search waits 2 s for one of her places, then is told
+                    await eventually(lambda: any(a.is_error for a in answers), seconds=60)
                     theirs = await call(bob, "response_search", {"path": "resp_00000b0b", "query": "needle"})
                     assert not theirs.is_error and theirs.structured_content["total"] == 1
-                    assert len(answers) == 4  # bob answered while alice's 4 still ran
-            assert len(answers) == 8 and sum(not a.is_error for a in answers) == 4
+                    assert len(answers) < 8  # bob answered while alice's searches still ran
+            refused = [text_of(a) for a in answers if a.is_error]
+            assert len(answers) == 8 and refused and len(refused) <= 4, refused
+            assert all("at most 4 at once per caller" in t for t in refused), refused
 
 
 async def test_one_tenants_sessions_never_cut_another_off_from_notifications(tmp_path: Path) -> None:
