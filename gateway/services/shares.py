@@ -138,6 +138,12 @@ def ingest_pool() -> Pool:
     return pool("ingest", total=2, per_caller=1, noun="document ingests")
 
 
+def offload_pool() -> Pool:
+    """Writing an oversized result to its file (and waiting briefly for a small one's tables): a result is
+    never refused for want of a place, so a caller over its share waits for one of its own."""
+    return pool("offload", total=16, per_caller=4, noun="offloads", wait_own=300.0, wait_all=300.0)
+
+
 def explore_pool() -> Pool:
     """The offload explore tools' file work (outline, slice, search, compress) in the gateway process."""
     return pool("explore", total=16, per_caller=4, noun="response_* calls")

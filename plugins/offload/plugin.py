@@ -163,14 +163,16 @@ class OffloadPlugin(Plugin):
         responses = self._ctx().responses_for(call.namespace)
         written: list[Path] = []
         try:
-            replaced = await anyio.to_thread.run_sync(
-                fileref.offload, responses, call, result, cost, max_size, max_tokens, written
+            replaced = await shares.offload_pool().run(
+                call.namespace, fileref.offload, responses, call, result, cost, max_size, max_tokens, written
             )
         except anyio.get_cancelled_exc_class():
             # the host cancelled (or went away) while the file was written: nobody will receive it
             for path in written:
                 path.unlink(missing_ok=True)
             raise
+        except shares.Busy as exc:  # no place within minutes: never the oversized result instead
+            return error_result(f"The result of {call.name} is too large for the context and {exc}")
         except OSError as exc:  # never the oversized result instead: it would flood the context
             log.error("offload of %s failed: %s", call.name, exc)
             return error_result(
@@ -179,7 +181,8 @@ class OffloadPlugin(Plugin):
                 f"{human_size(free_space(responses.folder))} free in {responses.folder}). Run "
                 "`mcp-context-gateway clean` or free disk space, then call the tool again."
             )
-        await anyio.to_thread.run_sync(heap.give_back)  # the result's text is freed: its pages go back now
+        # the result's text is freed: its pages go back now
+        await shares.offload_pool().run(call.namespace, heap.give_back)
         if replaced is None:
             return result
         self.offloaded[call.session_id] += 1
