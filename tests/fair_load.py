@@ -24,18 +24,13 @@ from typing import Any
 import anyio
 import httpx2
 import mcp_types as types
-from conftest import free_port, probe, write_config
+from conftest import RAW_HELLO, free_port, probe, write_config
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
 ALICE, BOB = "alice-token-0123456789abcdef", "bob-token-0123456789abcdefgh"
 SESSIONS_PER_TOKEN = 64  # a small share in the test's config, so the flood is quick to reach
-INIT = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "flood", "version": "1"}},
-}
+INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": RAW_HELLO}
 HEADERS = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
 
 
