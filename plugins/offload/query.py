@@ -343,7 +343,7 @@ def loaded(result: Path, kind: str, namespace: str = "") -> list[Table]:
         }
         if kind == "json":  # the parts that are tables, from the outline this process keeps anyway
             with contextlib.suppress(BrokenJSON):  # JSON Lines saved as .json: the worker finds out
-                request["candidates"] = [[list(s), a, n] for s, a, n in table_json.candidates(result)]
+                request["candidates"] = [[list(c.steps), *c[1:]] for c in table_json.candidates(result)]
         try:
             message = _converting(namespace, request, "loaded", "turning this result into tables")
             if message.get("retried"):  # a statement ran twice: the loader's signs of size missed it

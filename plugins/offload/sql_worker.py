@@ -177,6 +177,7 @@ def _convert(request: dict[str, Any], out: Any) -> None:
     import duckdb
 
     from plugins.offload.loaders import load
+    from plugins.offload.table_json import Part
 
     raw = duckdb.connect(request["target"], config={"threads": 1, "memory_limit": request["memory"]})
     _interrupt_with_clock(raw)
@@ -188,7 +189,7 @@ def _convert(request: dict[str, Any], out: Any) -> None:
             request["kind"],
             Path(request["scratch"]),
             threading.Event(),
-            None if "candidates" not in request else [(tuple(c[0]), c[1], c[2]) for c in request["candidates"]],
+            None if "candidates" not in request else [Part(tuple(c[0]), *c[1:]) for c in request["candidates"]],
         )
         conn.execute("CHECKPOINT")
     finally:

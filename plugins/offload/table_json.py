@@ -9,9 +9,11 @@ already taken (a key literally named `items`, `a.b` beside `a_b`) gets a number,
 
 from __future__ import annotations
 
+import json
+import re
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import plugins.offload.json_outline as json_outline
 from gateway.services.text import dumps
@@ -28,19 +30,31 @@ WIDE_ROW = 100  # ...or with more fields than this starts with its larger memory
 _KEY = "__ctx_entry_key__"  # the key column while loading; renamed once the value's fields are known
 
 
-def candidates(path: Path) -> list[tuple[tuple[Step, ...], bool, int]]:
-    """(steps, is_array, rows) of each part that is a table, largest first."""
+class Part(NamedTuple):
+    """A part of the document that becomes a table."""
+
+    steps: tuple[Step, ...]
+    is_array: bool
+    rows: int
+    by_prefix: bool  # ijson's dotted prefix names it exactly (`json_outline.prefix_is_safe`)
+    root_keys: int = 0  # how many keys the root object has (0: the root is not an object)
+
+
+def candidates(path: Path) -> list[Part]:
+    """Each part that is a table, largest first."""
     found = json_outline.nodes(path)
+    root = found.get(())
+    keys = root.count if root is not None and root.type == "object" else 0
     maps = {s for s, n in found.items() if n.is_map}
     out = []
     for steps, node in found.items():
         if any(steps[:i] in maps for i in range(len(steps))):
             continue  # an entry of a map is a row, not a table
         if node.type == "array" and node.count and node.objects * 2 >= node.count:
-            out.append((steps, True, node.count))
+            out.append(Part(steps, True, node.count, json_outline.prefix_is_safe(path, list(steps)), keys))
         elif node.is_map or (node.type == "object" and node.count >= SMALL_MAP and node.objects == node.count):
-            out.append((steps, False, node.count))
-    out.sort(key=lambda c: (-c[2], len(c[0])))
+            out.append(Part(steps, False, node.count, json_outline.prefix_is_safe(path, list(steps)), keys))
+    out.sort(key=lambda c: (-c.rows, len(c.steps)))
     return out
 
 
@@ -48,14 +62,14 @@ class Stopped(Exception):
     """The conversion was told to stop (its time limit, or the gateway is stopping)."""
 
 
-def load(conn: Any, path: Path, scratch: Path, stop: threading.Event, parts: list[Any] | None = None) -> list[Table]:
+def load(conn: Any, path: Path, scratch: Path, stop: threading.Event, parts: list[Part] | None = None) -> list[Table]:
     """Create the tables; `scratch` is a temporary file the loader may write (removed by the caller);
     `stop` ends the conversion; `parts` are `candidates(path)` when the caller has them already."""
     names = Names()
     tables = []
-    for i, (steps, is_array, _) in enumerate(candidates(path) if parts is None else parts):
-        name = MAIN if i == 0 else names.claim("_".join(str(s) for s in steps) or "root")
-        tables.append(_load_part(conn, path, list(steps), is_array, name, scratch, stop))
+    for i, part in enumerate(candidates(path) if parts is None else parts):
+        name = MAIN if i == 0 else names.claim("_".join(str(s) for s in part.steps) or "root")
+        tables.append(_load_part(conn, path, part, name, scratch, stop))
     if path.stat().st_size <= DOC_BYTES:
         conn.execute(
             "CREATE TABLE doc AS SELECT json FROM read_json_objects(?, format='unstructured', "
@@ -66,15 +80,174 @@ def load(conn: Any, path: Path, scratch: Path, stop: threading.Event, parts: lis
     return tables
 
 
-def _load_part(
-    conn: Any, path: Path, steps: list[Step], is_array: bool, name: str, scratch: Path, stop: threading.Event
-) -> Table:
+def _load_part(conn: Any, path: Path, part: Part, name: str, scratch: Path, stop: threading.Event) -> Table:
     pieces: list[Path] = []
     try:
-        return _load_rows(conn, path, steps, is_array, name, scratch, stop, pieces)
+        if part.is_array and (table := _load_raw(conn, path, part, name, scratch, stop, pieces)) is not None:
+            return table
+        for piece in pieces:
+            piece.unlink(missing_ok=True)
+        pieces.clear()
+        return _load_rows(conn, path, list(part.steps), part.is_array, part.by_prefix, name, scratch, stop, pieces)
     finally:
         for piece in pieces:
             piece.unlink(missing_ok=True)
+
+
+# -- the raw path: an array's own bytes handed to DuckDB, cut between records, nothing parsed in Python --
+
+RAW_PIECE = 1 << 20  # bytes of records per piece (DuckDB's reader holds about two pieces; 48 MB suffice)
+RAW_EDGE = 1 << 20  # the array must start (end) this close to the file's start (end)
+RAW_TRIES = 64  # brackets tried at each end before giving the part to the Python path
+_BOUNDARY = re.compile(rb"\}\s*,(?=\s*\{)")  # between two records, or inside one (a nested array)
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+
+
+def _load_raw(
+    conn: Any, path: Path, part: Part, name: str, scratch: Path, stop: threading.Event, pieces: list[Path]
+) -> Table | None:
+    """The array at the root or at a key of the root object, read by DuckDB from its own bytes: about
+    5x faster than parsing every record in Python (68 MB: 1.8 s against ~9 s). None when the array is
+    elsewhere, or its bytes are not what DuckDB can take as they are (an item that is not an object, a
+    record with a key twice, more than MAX_COLUMNS keys): the Python path makes that table.
+
+    The pieces are cut at `},{` without parsing, so a cut may fall inside a string or a nested array;
+    DuckDB's reader is strict, so such a piece fails to parse (and the Python path takes over): a piece
+    that parses as a whole array proves its cut fell between two records, piece after piece. The row
+    count is checked against the outline's as well."""
+    import duckdb
+
+    if len(part.steps) > 1 or (part.steps and not isinstance(part.steps[0], str)):
+        return None
+    span = _array_span(path, part.steps[0] if part.steps else None, part.root_keys)
+    if span is None:
+        return None
+    longest = _cut(path, span, scratch, stop, pieces)
+    if not pieces:
+        return None
+    table = Table(name, format_path(list(part.steps)))
+    try:
+        conn.execute(
+            f"CREATE TABLE {quote(name)} AS SELECT * FROM read_json_auto(?, format='array', records=true, "
+            f"maximum_object_size={object_size(longest)}, sample_size=-1, union_by_name=true)",
+            [[str(p) for p in pieces]],
+        )
+    except duckdb.Error as exc:
+        if isinstance(exc, duckdb.InterruptException):
+            raise
+        return None
+    rows = conn.execute(f"SELECT count(*) FROM {quote(name)}").fetchone()[0]
+    columns = len(conn.execute(f"DESCRIBE {quote(name)}").fetchall())
+    if rows != part.rows or columns > MAX_COLUMNS:
+        conn.execute(f"DROP TABLE {quote(name)}")
+        return None
+    untangle(conn, table)
+    return table
+
+
+def _array_span(path: Path, key: str | None, keys: int) -> tuple[int, int] | None:
+    """The offsets of the `[` and the `]` of the root array (key None) or of the root object's array
+    at `key`, found by trying the brackets near each end: the text before a `[` must be the object up
+    to `"key":` (it parses once `null}` is added), the text after a `]` the rest of the object, with
+    the keys the root object has (`keys`) between them."""
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        head = fh.read(min(size, RAW_EDGE))
+        fh.seek(max(0, size - RAW_EDGE))
+        tail_at = fh.tell()
+        tail = fh.read()
+    body = head.lstrip(b" \t\r\n")
+    lead = len(head) - len(body)
+    start = end = None
+    before: list[tuple[str, Any]] = []
+    if key is None:
+        if body[:1] == b"[":
+            start = lead
+        trimmed = tail.rstrip(b" \t\r\n")
+        if trimmed[-1:] == b"]":
+            end = tail_at + len(trimmed) - 1
+    else:
+        if body[:1] != b"{":
+            return None
+        at = lead
+        for _ in range(RAW_TRIES):
+            at = head.find(b"[", at + 1)
+            if at < 0:
+                break
+            if (before := _pairs(head[:at] + b"null}")) and before[-1] == (key, None):
+                start = at
+                break
+        at = len(tail)
+        for _ in range(RAW_TRIES):
+            at = tail.rfind(b"]", 0, at)
+            if at < 0:
+                break
+            after = _pairs(b'{"": null' + tail[at + 1 :]) if start is not None else []
+            if after and len(before) + len(after) - 1 == keys:
+                end = tail_at + at
+                break
+    if start is None or end is None or end <= start:
+        return None
+    return start, end
+
+
+def _pairs(text: bytes) -> list[tuple[str, Any]]:
+    """The (key, value) pairs of the JSON object `text`, in order; none when it is not one."""
+    try:
+        pairs = json.loads(text, object_pairs_hook=lambda p: p)
+    except ValueError:  # not JSON (UnicodeDecodeError is one too)
+        return []
+    return pairs if isinstance(pairs, list) else []
+
+
+def _cut(path: Path, span: tuple[int, int], scratch: Path, stop: threading.Event, pieces: list[Path]) -> int:
+    """The records between the array's brackets written as arrays of about RAW_PIECE bytes (`scratch`
+    and numbered files beside it); the longest piece's size."""
+    start, end = span
+    longest = 0
+
+    def write(chunk: bytes) -> None:
+        nonlocal longest
+        if stop.is_set():
+            raise Stopped
+        pieces.append(scratch if not pieces else scratch.with_name(f"{scratch.name}.{len(pieces)}"))
+        pieces[-1].write_bytes(b"[" + chunk + b"]")
+        longest = max(longest, len(chunk))
+
+    with open(path, "rb") as fh:
+        fh.seek(start + 1)
+        left = end - start - 1
+        buf = bytearray()  # grows in place while a long record is read
+        searched, counted, depth, bias, resync = RAW_PIECE // 2, 0, 0, 0, 4 * RAW_PIECE
+        while left:
+            chunk = fh.read(min(RAW_PIECE, left))
+            left -= len(chunk)
+            buf += chunk
+            while len(buf) >= RAW_PIECE:
+                found = _BOUNDARY.search(buf, searched)
+                if found is None:  # a record longer than a piece: read on
+                    searched = max(searched, len(buf) - 64)
+                    break
+                cut = found.start() + 1
+                depth += _nesting(buf, counted, cut)  # brackets opened minus closed, strings included
+                counted, searched = cut, found.end()
+                if depth != bias and cut > resync:
+                    # strings with brackets of their own never balance: count without them, now and then
+                    bias, resync = depth - _nesting(_STRING.sub(b"", bytes(buf[:cut]))), cut + 4 * RAW_PIECE
+                if depth == bias:  # the cut is between two records of the array (DuckDB checks it)
+                    write(bytes(buf[:cut]))
+                    del buf[: found.end()]
+                    searched, counted, depth, bias, resync = RAW_PIECE // 2, 0, 0, 0, 4 * RAW_PIECE
+        if buf.strip():
+            write(bytes(buf))
+    return longest
+
+
+def _nesting(text: bytes | bytearray, start: int = 0, end: int | None = None) -> int:
+    """Brackets and braces opened minus closed in text[start:end]."""
+    end = len(text) if end is None else end
+    opened = text.count(b"{", start, end) + text.count(b"[", start, end)
+    return opened - text.count(b"}", start, end) - text.count(b"]", start, end)
 
 
 def _load_rows(
@@ -82,6 +255,7 @@ def _load_rows(
     path: Path,
     steps: list[Step],
     is_array: bool,
+    by_prefix: bool,
     name: str,
     scratch: Path,
     stop: threading.Event,
@@ -94,7 +268,7 @@ def _load_rows(
     pieces.append(scratch)
     fh = open(scratch, "wb")  # noqa: SIM115 - closed below, or replaced by the next piece
     try:
-        for key, value in children(path, steps, is_array, json_outline.prefix_is_safe(path, steps)):
+        for key, value in children(path, steps, is_array, by_prefix):
             if is_array:
                 if not isinstance(value, dict):
                     skipped += 1
