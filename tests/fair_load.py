@@ -145,19 +145,27 @@ async def _all_at_once(calls: list[Callable[[], Awaitable[None]]]) -> None:
             tg.start_soon(one)
 
 
-async def big_result(url: str) -> str:
+async def big_result(url: str, size: int = 25_000_000) -> str:
     """Alice's 25 MB result, offloaded before the measurement: its id. (While an upstream writes 25 MB on
     its one stdio pipe, a call of anyone's to that same upstream waits behind it, with or without a
     gateway: that is the upstream's order, not a share the gateway hands out.)"""
     async with tenant(url, ALICE) as alice:
-        big = await call(alice, "p__big", {"size": 25_000_000})
+        big = await call(alice, "p__big", {"size": size})
         return json.loads(text(big))["fileRef"]["id"]
 
 
 async def heavy_work(
-    url: str, heavy: Heavy, rid: str, notes: int = 1_500, flood: int = SESSIONS_PER_TOKEN + 50
+    url: str,
+    heavy: Heavy,
+    rid: str,
+    notes: int = 1_500,
+    flood: int = SESSIONS_PER_TOKEN + 50,
+    queries: int = 40,
+    long_notes: int = 40,
+    parts: int = 600,
 ) -> None:
-    """Alice's set on her result `rid`, step by step (each step's seconds in `heavy.steps`)."""
+    """Alice's set on her result `rid`, step by step (each step's seconds in `heavy.steps`). The defaults
+    are the load the bench measures; the test runs a smaller one of every kind."""
     async with tenant(url, ALICE) as alice:
         started = time.perf_counter()
 
@@ -166,12 +174,12 @@ async def heavy_work(
 
         sqls = [
             f"SELECT name, count(*) AS n, sum(price) FROM items WHERE id % {k + 2} = 0 GROUP BY name ORDER BY n DESC LIMIT 5"
-            for k in range(40)
+            for k in range(queries)
         ]
         await _all_at_once(
             [lambda s=s: _counted(heavy, alice, "response_query", {"path": rid, "sql": s}) for s in sqls]
         )
-        step("40 queries")
+        step(f"{queries} queries")
         recursive = {"path": rid, "json_path": "$.data..*"}
         await _all_at_once([lambda: _counted(heavy, alice, "response_slice", recursive)] * 2)
         step("2 recursive slices")
@@ -190,19 +198,19 @@ async def heavy_work(
         await _counted(heavy, alice, "context_compact", {"session_id": "big", "keep_recent": 10})
         step("compaction")
         long_note = "alpha beta gamma delta 한국어 검색 " * 3_500  # about 100,000 characters
-        for n in range(40):
+        for n in range(long_notes):
             await _counted(heavy, alice, "context_append", {"session_id": "long", "text": f"{n} {long_note[:100_000]}"})
         await _counted(
             heavy, alice, "context_recall", {"session_id": "long", "query": "gamma 검색", "max_tokens": 4000}
         )
-        step("recall over 40 long notes")
+        step(f"recall over {long_notes} long notes")
         document = "".join(
-            f"# Part {i}\n\n" + f"service {i} moved to region eu-{i % 7} 세션을 " * 200 + "\n\n" for i in range(600)
+            f"# Part {i}\n\n" + f"service {i} moved to region eu-{i % 7} 세션을 " * 200 + "\n\n" for i in range(parts)
         )
         await _all_at_once(
             [lambda t=t: _counted(heavy, alice, "doc_ingest", {"text": document + t, "title": t}) for t in ("d1", "d2")]
         )
-        step("two 5 MB documents ingested at once")
+        step(f"two documents of {len(document) >> 20} MB ingested at once")
     await session_flood(url, ALICE, flood, heavy)
     step("session flood")
 

