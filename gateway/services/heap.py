@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import functools
 import gc
+import threading
+import time
 from collections.abc import Callable
+
+SETTLE_SECONDS = 0.3  # give_back_soon waits this long: the caller's reply is written and its text freed
 
 
 @functools.cache
@@ -31,3 +35,28 @@ def give_back() -> None:
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
+
+
+_wanted = threading.Event()
+_giver_lock = threading.Lock()
+_giver: threading.Thread | None = None
+
+
+def give_back_soon() -> None:
+    """`give_back` in the background, shortly: after a large result the answer need not wait for it (a
+    full collection takes tens of ms), its text is freed once the reply is written, and results close
+    together share one pass. One thread in all, whoever asks."""
+    global _giver
+    with _giver_lock:
+        _wanted.set()
+        if _giver is None:
+            _giver = threading.Thread(target=_give_back_when_wanted, name="heap-give-back", daemon=True)
+            _giver.start()
+
+
+def _give_back_when_wanted() -> None:
+    while True:
+        _wanted.wait()
+        time.sleep(SETTLE_SECONDS)
+        _wanted.clear()  # a wish made from here on gets a pass of its own
+        give_back()

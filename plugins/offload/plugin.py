@@ -181,8 +181,7 @@ class OffloadPlugin(Plugin):
                 f"{human_size(free_space(responses.folder))} free in {responses.folder}). Run "
                 "`mcp-context-gateway clean` or free disk space, then call the tool again."
             )
-        # the result's text is freed: its pages go back now
-        await shares.offload_pool().run(call.namespace, heap.give_back)
+        heap.give_back_soon()  # the result's pages, once the reply is written and its text freed
         if replaced is None:
             return result
         self.offloaded[call.session_id] += 1
