@@ -40,8 +40,15 @@ def object_size(longest: int) -> int:
     return max(1 << 20, longest + 1024)
 
 
+# DuckDB's line reader holds more than a conversion's small memory limit for files above this size (2 MB
+# of real JSON Lines failed at 48 MB): such a file starts at the larger limit instead of running twice
+SMALL_LIMIT_BYTES = 1 << 20
+
+
 def load(conn: Any, path: Path) -> Table:
     size = object_size(longest_line(path))
+    if path.stat().st_size > SMALL_LIMIT_BYTES and hasattr(conn, "grow"):
+        conn.grow()
     keys = conn.execute(
         "SELECT count(DISTINCT k) FROM (SELECT unnest(json_keys(json)) AS k FROM "
         f"read_json_objects(?, format='newline_delimited', maximum_object_size={size}))",

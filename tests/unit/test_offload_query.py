@@ -8,6 +8,7 @@ import tempfile
 import time
 import tracemalloc
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -280,6 +281,29 @@ def test_the_outline_answers_before_the_tables_exist_and_names_them_after(
     items = later["tables"][0]
     assert items["table"] == "items" and items["rows"] == 500
     assert {c["name"]: c["distinct"] for c in items["columns"]} == {"id": 500, "city": 1}
+
+
+def test_json_lines_beyond_a_megabyte_are_converted_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """DuckDB's line reader needs more than the small limit for a few MB of JSON Lines: the conversion
+    starts at the larger one instead of running a statement twice."""
+    import logging
+
+    store = ResponseStore(tmp_path)
+
+    def finding(i: int) -> dict[str, Any]:  # the shape of a linter's JSON Lines report (ruff's)
+        where = {"column": i % 80, "row": i}
+        edit = {"content": '"x"', "end_location": where, "location": where}
+        fix = {"applicability": "safe", "edits": [edit], "message": "Replace"} if i % 3 == 0 else None
+        return {"code": f"E{i % 97}", "end_location": where, "filename": f"src/m{i % 400}.py", "fix": fix,
+                "location": where, "message": "Missing docstring in public function", "noqa_row": i}  # fmt: skip
+
+    lines = [json.dumps(finding(i)) for i in range(12_000)]
+    saved = store.save_text("t", "\n".join(lines) + "\n", "text")
+    assert saved.size > 2 << 20
+    with caplog.at_level(logging.INFO, "plugins.offload"):
+        answer = _ask((Explorer(store), saved.id), "SELECT count(*), count(DISTINCT code) FROM items")
+    assert answer.get("rows") == [[12_000, 97]], answer
+    assert not [r for r in caplog.records if "needed more than" in r.getMessage()]
 
 
 def test_a_result_of_long_records_is_converted(tmp_path: Path) -> None:
