@@ -419,12 +419,13 @@ def tables_now(result: Path, kind: str, namespace: str = "") -> list[Table] | st
 
 
 def tables_within(result: Path, seconds: float) -> list[Table] | None:
-    """The result's tables, profiled, waiting at most `seconds` for the conversion under way; None past
-    that or when it failed. A small result's fileRef waits this long so that a first query needs no look
-    (a look costs the model a call and its tokens); an outline never waits."""
+    """The result's tables once a query can use them (rows and columns named; their profiles may come
+    later), waiting at most `seconds` for the conversion under way; None past that or when it failed. A
+    small result's fileRef waits this long so that a first query needs no look (a look costs the model
+    a call and its tokens); an outline never waits."""
     deadline = time.monotonic() + seconds
     while True:
-        if (ready := _TABLES.peek(result)) is not None:
+        if (ready := _TABLES.peek(result) or _LOADED.peek(result)) is not None:
             return ready
         with _RUNNING_LOCK:
             converting = str(result) in _PREPARING

@@ -178,6 +178,7 @@ def _convert(request: dict[str, Any], out: Any) -> None:
 
     from plugins.offload.loaders import load
     from plugins.offload.table_json import Part
+    from plugins.offload.tables import described
 
     raw = duckdb.connect(request["target"], config={"threads": 1, "memory_limit": request["memory"]})
     _interrupt_with_clock(raw)
@@ -191,6 +192,7 @@ def _convert(request: dict[str, Any], out: Any) -> None:
             threading.Event(),
             None if "candidates" not in request else [Part(tuple(c[0]), *c[1:]) for c in request["candidates"]],
         )
+        tables = [described(conn, t) for t in tables]
         conn.execute("CHECKPOINT")
     finally:
         raw.close()

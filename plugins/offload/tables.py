@@ -111,6 +111,15 @@ def untangle(conn: Any, table: Table) -> None:
         table.notes.append(f"column {q} mixes strings and numbers: kept as text")
 
 
+def described(conn: Any, table: Table) -> Table:
+    """Rows and the columns' names and types: what a fileRef names (cheap: no scan of the values), before
+    the profiles."""
+    table.rows = conn.execute(f"SELECT count(*) FROM {quote(table.name)}").fetchone()[0]
+    described = conn.execute(f"DESCRIBE {quote(table.name)}").fetchall()
+    table.columns = [{"name": row[0], "type": _short(str(row[1]), TYPE_CHARS)} for row in described]
+    return table
+
+
 def profile(conn: Any, table: Table) -> Table:
     """Rows and per column: type, nulls, distinct count, min/max and two samples. The distinct count is
     exact up to EXACT_DISTINCT_ROWS rows; above, DuckDB's HyperLogLog estimate, capped at the values

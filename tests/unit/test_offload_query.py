@@ -314,3 +314,32 @@ def test_a_result_of_long_records_is_converted(tmp_path: Path) -> None:
     tool = Explorer(store)
     answer = tool.query(Args({"path": saved.id, "sql": "SELECT count(*), sum(length(s)) FROM items"}, "t"), 300)
     assert answer["rows"] == [[200, 200 * 200_000]]
+
+
+def test_a_small_results_file_ref_names_its_tables_without_waiting_for_their_profiles(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fileRef names the tables and their columns as soon as a query can use them; the column
+    profiles (held back here) are the outline's, and come later."""
+    import threading
+
+    from plugins.offload.fileref import inline_outline
+
+    held = threading.Event()
+
+    class ProfilesHeld(query._Worker):
+        def __init__(self, request: dict[str, Any], *args: Any, **kw: Any) -> None:
+            if request["op"] == "profile":
+                held.wait(60)
+            super().__init__(request, *args, **kw)
+
+    monkeypatch.setattr(query, "_Worker", ProfilesHeld)
+    store = ResponseStore(tmp_path)
+    saved = store.save_text("t", json.dumps({"data": [{"id": i, "city": "Seoul"} for i in range(500)]}), "json")
+    try:
+        ref = inline_outline(saved, "")
+        assert ref["tables"] == {"items": "500 rows from data: id, city", "doc": "1 rows: json"}, ref["tables"]
+        outline = Explorer(store).outline(Args({"path": saved.id}, "t"), 2000)
+        assert "profiles are being computed" in outline["tables"]  # the outline's profiles: not yet
+    finally:
+        held.set()
