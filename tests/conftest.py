@@ -47,6 +47,16 @@ def _private_tmp(tmp_path_factory: pytest.TempPathFactory) -> Any:
         os.environ["TMPDIR"] = saved_env
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _real_tokenizers() -> None:
+    """Token figures in this process are the real tokenizers' counts from the first test, as in a gateway
+    that has run a while (they load in the background from its first long text); tests of the built-in
+    rates make estimators with `exact=False`."""
+    from gateway.services.tokens import ESTIMATOR
+
+    ESTIMATOR.load_exact()
+
+
 # the initialize params a hand-written raw host sends (tests that speak JSON-RPC lines themselves)
 RAW_HELLO = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}
 

@@ -40,7 +40,7 @@ async def test_open_append_status_and_bad_ids(tmp_path: Path) -> None:
         assert goal["id"] == "e00001" and note["id"] == "e00002" and note["tokens_used"] > 0
         status = await ok(s, "context_status", {"session_id": "task-1"})
         assert status["entries"] == 2 and status["pinned"] == 1 and status["superseded"] == 0
-        assert "token counts: built-in estimate" in status["token_counts"]
+        assert "token counts: counted for the widest common tokenizer" in status["token_counts"]
         again = await ok(s, "context_open", {"session_id": "task-1"})
         assert again["pinned"] == [{"id": "e00001", "text": "Goal: ship v2", "pinned": True}]
         log_lines = (tmp_path / "ws" / "sessions" / "task-1.jsonl").read_text().splitlines()

@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import anyio
 import mcp_types as types
 from mcp import ClientSession
 
@@ -18,7 +19,7 @@ from gateway.proxy.upstream_stdio import linear_stdio_client
 from gateway.results import result_text
 from gateway.services.costs import definition_tokens
 from gateway.services.text import human_size
-from gateway.services.tokens import estimate_tokens
+from gateway.services.tokens import ESTIMATOR, estimate_tokens
 from gateway.settings import Settings
 
 
@@ -63,6 +64,8 @@ async def run_demo(settings: Settings, temporary: bool = False) -> int:
     print(
         f"mcp-context-gateway demo — the gateway runs as a host would start it (stdio child process)\n  config: {where}"
     )
+    ESTIMATOR.set_family(settings.gateway.tokenizer)
+    await anyio.to_thread.run_sync(ESTIMATOR.load_exact)  # what the model got, counted as the gateway counts
     env = {k: v for k, v in os.environ.items() if k.startswith("CTX_") or k in ("PYTHONPATH",)}
     with tempfile.TemporaryFile() as errlog:
         async with (

@@ -16,6 +16,7 @@ from gateway.cli.table import table
 from gateway.proxy.server import Gateway
 from gateway.proxy.upstream import EXITED_AT_START
 from gateway.services.costs import definition_tokens
+from gateway.services.tokens import ESTIMATOR
 from gateway.settings import Settings
 
 WIDTH = 100
@@ -105,6 +106,8 @@ def _wrapped(text: str) -> str:
 def cmd_inspect(settings: Settings, verbose: bool = False) -> int:
     # the table reports every failed start; the restart warnings would only repeat it
     logging.getLogger("gateway.upstream").setLevel(logging.ERROR)
+    ESTIMATOR.set_family(settings.gateway.tokenizer)
+    ESTIMATOR.load_exact()  # its figures are read once: the real tokenizers' counts, not the estimate before them
     report, status = anyio.run(inspect_report, settings, verbose)
     print(report)
     return status

@@ -87,7 +87,8 @@ def cmd_stats(settings: Settings, period: str, as_json: bool) -> int:
     print(f"\n{'all time' if period == 'all' else 'last ' + period}, by server and tool:")
     print(table(out, right={3, 4, 5, 6, 7, 9, 10}))
     print(
-        f"\ntokens are the gateway's estimate, {tokenizer_note(settings)}, of what it returned and what it kept "
+        f"\ntokens are the gateway's counts (real tokenizers, the built-in estimate until they load), "
+        f"{tokenizer_note(settings)}, of what it returned and what it kept "
         "out (offload: a result's cost minus its fileRef's; catalog: the definitions behind the catalog minus its "
         "meta-tools', per tools/list); it sees only what passes through it, not the host's context"
     )

@@ -304,14 +304,14 @@ class ModelEndpoint:
     def describe(self) -> str:
         """One line for `inspect` and `context_status`."""
         if self.tokens.family != "auto":
-            counts = f"built-in estimate {self.tokens.describe()} ([gateway] tokenizer)"
+            counts = f"{self.tokens.describe()} ([gateway] tokenizer)"
         elif self.calibration:
             rates = ", ".join(f"{k} x{v:.2f}" for k, v in self.tokens.scales().items())
             counts = f"calibrated ({self.calibration.get('method')}) against {self.model or '?'}: {rates}"
         else:
             counts = (
-                f"built-in estimate {self.tokens.describe()} (not calibrated: no model endpoint answered at "
-                f"{self.base_url}; set [gateway] tokenizer to count for your host's)"
+                f"{self.tokens.describe()}; not calibrated: no model endpoint answered at "
+                f"{self.base_url} (set [gateway] tokenizer to count for your host's)"
             )
         window = f"window {self.window} ({self.window_source})" if self.window else "window not discovered"
         return f"token counts: {counts}; {window}"

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gateway.services.search_index import expand
-from gateway.services.tokens import estimate_tokens
+from gateway.services.tokens import ESTIMATOR, estimate_tokens
 
 if TYPE_CHECKING:
     from markdown_it import MarkdownIt
@@ -214,8 +214,12 @@ def _worker_part(path: str, size: int) -> str:
     return path + ".part"
 
 
-def _ready() -> None:
-    """The worker's first task: it imports this module while the caller looks for the cuts."""
+def _ready(family: str, exact: bool) -> None:
+    """The worker's first task: it imports this module while the caller looks for the cuts, and counts
+    tokens as the caller does (its tokenizer family; the real tokenizers if the caller's are loaded)."""
+    ESTIMATOR.set_family(family)
+    if exact:
+        ESTIMATOR.load_exact()
 
 
 def _in_parts(text: str, size: int) -> Generator[Batch | None, None, bool]:
@@ -229,7 +233,8 @@ def _in_parts(text: str, size: int) -> Generator[Batch | None, None, bool]:
     # a private directory (mode 0700) of this ingest's own: only our worker reads and writes in it
     scratch = tempfile.TemporaryDirectory(prefix="ctx-ingest-", ignore_cleanup_errors=True)
     try:
-        worker.submit(_ready)  # the process starts now (~0.5 s), not after the cuts are found
+        # the process starts now (~0.5 s), not after the cuts are found
+        worker.submit(_ready, ESTIMATOR.family, ESTIMATOR.counting_exactly())
         cuts = _cut_points(text)
         if not cuts:
             return False

@@ -164,7 +164,7 @@ def fallback_summary(entries: Sequence[Entry], target_tokens: int, why: str) -> 
     used = 0
     for i in ranked:
         lines = fact_lines(entries[i], labels, terms[i])
-        cost = sum(estimate_tokens(ln) + 1 for ln in lines)
+        cost = sum(estimate_tokens(f"- {ln}") + 1 for ln in lines)  # as written, and its line break
         if used + cost <= room - reserve:
             chosen[i] = lines
             used += cost

