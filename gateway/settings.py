@@ -345,6 +345,11 @@ class GatewaySettings(BaseModel):
         description="the host model's tokenizer family, counted with its real tokenizer in token figures and "
         "offload limits; auto = for the widest common one (cl100k and Qwen 3.6 counted, +9 %)",
     )
+    exact_tokens: bool = Field(
+        True,
+        description="count tokens with the real tokenizers (loaded in the background, ~150 MB for auto, "
+        "35-65 MB for one family); false = the built-in estimate only, which leans higher",
+    )
     max_response_size: int = Field(1048576, description="results above this many bytes go to a file")
     max_response_tokens: int = Field(
         0, ge=0, description="results above this many tokens go to a file; 0 = half the budget (4000 if unknown)"

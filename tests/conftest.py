@@ -50,8 +50,8 @@ def _private_tmp(tmp_path_factory: pytest.TempPathFactory) -> Any:
 @pytest.fixture(autouse=True, scope="session")
 def _real_tokenizers() -> None:
     """Token figures in this process are the real tokenizers' counts from the first test, as in a gateway
-    that has run a while (they load in the background from its first long text); tests of the built-in
-    rates make estimators with `exact=False`."""
+    that has run a while (they load in the background from its first long text), whatever a gateway made
+    here says about loading them; tests of the built-in rates make estimators with `exact=False`."""
     from gateway.services.tokens import ESTIMATOR
 
     ESTIMATOR.load_exact()
@@ -81,6 +81,9 @@ def write_config(
     """A gateway TOML: `[gateway]` keys, `[plugins.<name>]` tables and `[servers.*]`."""
     gateway.setdefault("workspace", str(tmp_path / "ws"))
     gateway.setdefault("plugins", [])
+    # a gateway process loads the real tokenizers (~0.6 s of CPU, ~150 MB) from its first long text: the
+    # hundreds of short-lived ones here count with the built-in estimate unless a test asks otherwise
+    gateway.setdefault("exact_tokens", False)
     llm = gateway.pop("llm", {"base_url": "http://127.0.0.1:9/v1"})  # nothing listens: no calibration
     lines = ["[gateway]"] + [f"{k} = {json.dumps(v)}" for k, v in gateway.items() if v is not None] + [""]
     lines += ["[llm]"] + [f"{k} = {json.dumps(v)}" for k, v in llm.items()] + [""]

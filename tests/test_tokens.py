@@ -89,6 +89,37 @@ print(first, rough, est.estimate(long_text), est.estimate(short))
     assert rough > exact  # the built-in rates lean high until then
 
 
+@pytest.mark.anyio
+async def test_a_gateway_process_counts_with_the_real_tokenizers_after_its_first_long_result(tmp_path: Path) -> None:
+    """A gateway as a host starts it, with the default settings: its first long result is counted with
+    the built-in estimate and starts the tokenizers' load in the background; later figures are the real
+    counts (`context_status` says which). With `exact_tokens = false` they never load."""
+    from conftest import ok, stdio_gateway, write_config
+
+    for exact in (True, False):
+        config = write_config(tmp_path, {"probe": probe()}, plugins=["memory"], exact_tokens=exact)
+        async with stdio_gateway(config, tmp_path / "err.log") as session:
+            await session.list_tools()
+            await session.call_tool("probe__echo", {"text": "a tool result well over EXACT_FROM characters " * 40})
+            status: dict = {}
+
+            async def counted(status: dict = status) -> bool:
+                status.update(await ok(session, "context_status", {"session_id": "s"}))
+                return "counted for the widest common tokenizer" in status["token_counts"]
+
+            if exact:
+                started = time.monotonic()
+                with anyio.fail_after(30):
+                    while not await counted():
+                        await anyio.sleep(0.1)
+                took = time.monotonic() - started
+            else:  # watched for as long as the load took above, and a second more
+                until = time.monotonic() + took + 1
+                while time.monotonic() < until:
+                    assert not await counted() and "built-in estimate" in status["token_counts"]
+                    await anyio.sleep(0.1)
+
+
 def test_a_lone_surrogate_is_counted_by_the_real_tokenizers() -> None:
     """An upstream's JSON can hold a lone surrogate escape; native tokenizers refuse such a str."""
     auto = TokenEstimator()

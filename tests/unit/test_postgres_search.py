@@ -82,3 +82,59 @@ def test_namespaces_whose_names_look_alike_never_share_a_schema(tmp_path: Path, 
         index.add([("k", "only for one", ("d",))])
         theirs = storage.search_index(tmp_path / "x", "documents", other, "chunk_index", ("doc",))
         assert theirs.search("only for one") == []
+
+
+def test_a_short_row_that_bm25_ranks_first_is_found_among_a_thousand_longer_ones(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    """1,000 long rows hold the term three times, one short row once: FTS5's BM25 ranks the short row
+    first (its length counts), ts_rank ranks it last. A search that first takes the best few hundred
+    rows by ts_rank never sees it; every row with the term must be scored."""
+    storage = Storage(StorageSettings(backend="postgres", dsn=postgres_dsn))
+    filler = " ".join(f"word{i}" for i in range(400))
+    rows = [(f"long:{i}", f"alpha {filler} alpha beta{i} alpha", ("x",)) for i in range(1000)]
+    rows.append(("short", "alpha omega", ("x",)))
+    lite = SearchIndex(tmp_path / "s.sqlite", table="t", columns=("src",))
+    pg = storage.search_index(tmp_path / "unused.sqlite", "test", "", "t", ("src",))
+    lite.add(rows)
+    pg.add(rows)
+    want = [h.key for h in lite.search("alpha", 3)]
+    assert want[0] == "short"
+    assert [h.key for h in pg.search("alpha", 3)] == want
+    assert [h.key for h in pg.search("alpha", 3, "src = ?", ("x",))] == want
+    pg.delete("key = ?", ("short",))
+    lite.delete("key = ?", ("short",))
+    assert [h.key for h in pg.search("alpha", 3)] == [h.key for h in lite.search("alpha", 3)]
+    lite.close()
+    pg.close()
+
+
+def test_rows_written_before_the_postings_are_found(tmp_path: Path, postgres_dsn: str) -> None:
+    """An index an earlier version wrote holds each row's `tsvector` only: opening it makes their postings."""
+    import psycopg
+
+    from gateway.services.postgres import schema_name
+
+    storage = Storage(StorageSettings(backend="postgres", dsn=postgres_dsn))
+    schema = schema_name("test", "")
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+        conn.execute(
+            f'CREATE TABLE "{schema}".t (key TEXT, src TEXT, body TEXT, extra TEXT, body_tokens INTEGER, '
+            "extra_tokens INTEGER, tsv TSVECTOR)"
+        )
+        conn.execute(
+            f'INSERT INTO "{schema}".t VALUES '
+            "('old:1', 'notes', 'getUserName fails', 'get user name', 2, 3, $$'getusername':1A 'fails':2A "
+            "'get':3B 'user':4B 'name':5B$$), ('old:2', 'notes', 'name name', '', 2, 0, $$'name':1A,2A$$)"
+        )
+    pg = storage.search_index(tmp_path / "unused.sqlite", "test", "", "t", ("src",))
+    lite = SearchIndex(tmp_path / "s.sqlite", table="t", columns=("src",))
+    lite.add([("old:1", "getUserName fails", ("notes",)), ("old:2", "name name", ("notes",))])
+    for query in ("user name", "getUserName", "fails"):
+        assert [h.key for h in pg.search(query, 5)] == [h.key for h in lite.search(query, 5)], query
+    pg.add([("new:1", "user name", ("notes",))])
+    lite.add([("new:1", "user name", ("notes",))])
+    assert [h.key for h in pg.search("user name", 5)] == [h.key for h in lite.search("user name", 5)]
+    pg.close()
+    lite.close()
