@@ -98,7 +98,7 @@ class CatalogMode:
         if self._index is None:
             self._index = SearchIndex(":memory:", table="tools", columns=("server",))
         if self._indexed_version != self.routing.version:
-            self._index.delete("1 = 1")
+            self._index.delete({})  # every row
             rows = []
             for name, tool in self.routing.tools.items():
                 route = self.routing.tool_routes[name]
@@ -149,9 +149,8 @@ class CatalogMode:
         if self._wait_ready is not None:  # right after start, upstreams may still be listing their tools
             await self._wait_ready()
         index = self._ensure_index()
-        where, params = ("server = ?", (server,)) if server else ("", ())
         results = []
-        for hit in index.search(query, limit, where, params):
+        for hit in index.search(query, limit, {"server": server} if server else None):
             found = self.routing.tools.get(hit.key)
             if found is None:  # gone since the last rebuild: never offered
                 continue

@@ -324,15 +324,17 @@ class DefinitionLedger:
                     if renewed:  # damaged rows, kept for a look
                         self._db.execute(
                             "INSERT INTO definitions_damaged (server, tool, sha, definition) SELECT server, tool, "
-                            "sha, definition FROM definitions WHERE server = ANY(?)",
+                            "sha, definition FROM definitions WHERE server = ANY(%s)",
                             (sorted(renewed),),
                         )
                     if renewed | replaced:
-                        self._db.execute("DELETE FROM definitions WHERE server = ANY(?)", (sorted(renewed | replaced),))
+                        self._db.execute(
+                            "DELETE FROM definitions WHERE server = ANY(%s)", (sorted(renewed | replaced),)
+                        )
                     # another replica's first definition wins over this one's
-                    self._db.executemany("INSERT INTO definitions VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING", rows)
+                    self._db.executemany("INSERT INTO definitions VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING", rows)
                     self._db.executemany(
-                        "INSERT INTO configs VALUES (?, ?) ON CONFLICT (server) DO UPDATE SET sha = excluded.sha",
+                        "INSERT INTO configs VALUES (%s, %s) ON CONFLICT (server) DO UPDATE SET sha = excluded.sha",
                         configs,
                     )
                 shared, bad = self._shared()

@@ -1,8 +1,10 @@
 """The PostgreSQL backend (`[storage] backend = "postgres"`): what several gateway replicas share.
 
 Each store that is one SQLite file on the SQLite backend (a namespace's memory index, its documents) is
-one PostgreSQL schema here, so the stores' own SQL runs on either engine: `PgDatabase` takes SQLite's
-`?` placeholders and keeps the same calls (`execute`, `executemany`, `fetchone`, `fetchall`).
+one PostgreSQL schema here. `PgDatabase` runs a store's statements, written in PostgreSQL's own words
+(`%s` placeholders), on the process's connection pool for the dsn (`psycopg_pool`): the calls a store
+makes (`execute`, `executemany`, `copy`, `transaction`, `hold`) are the same on both engines, the SQL
+is each engine's (`search_index.IndexCalls.engine` tells a store which).
 
 - `PgSearchIndex` is `SearchIndex` on PostgreSQL. Each row keeps its text and its `extra` column (the
   same identifier splits and CJK bigrams); a postings table holds, per token SQLite's FTS5 would make of
@@ -24,7 +26,6 @@ psycopg is imported here, and this module only when the backend is postgres.
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import json
 import math
@@ -34,13 +35,14 @@ import socket
 import threading
 import time
 import unicodedata
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from gateway.services.search_index import Hit, IndexCalls, _row, query_terms
 from gateway.services.storage_error import StorageError
@@ -55,6 +57,9 @@ LOCK_SECONDS = 5  # a lock another connection holds longer fails the statement (
 CONNECT_SECONDS = 5
 ANSWER_SECONDS = STATEMENT_SECONDS + 3  # the client's own limit: a stopped server cancels nothing
 BATCH = 500  # rows per executemany round trip, each within its own limit
+POOL_SIZE = 8  # connections per process and dsn: one per thread that needs one at a time
+POOL_WAIT_SECONDS = CONNECT_SECONDS + 1  # a call waits this long for a connection, then fails saying so
+POOL_IDLE_SECONDS = 60.0
 # every connection's limits, where the dsn does not set its own
 CONNECTION = {
     "connect_timeout": str(CONNECT_SECONDS),
@@ -92,21 +97,67 @@ def schema_name(*parts: str) -> str:
     return safe
 
 
+def _params(dsn: str) -> dict[str, Any]:
+    """The dsn's connection parameters with the gateway's limits (`CONNECTION`, statement and lock
+    timeouts) where it does not give its own."""
+    params = conninfo_to_dict(dsn)
+    for key, value in CONNECTION.items():
+        params.setdefault(key, value)
+    # the dsn's own `-c` settings come later and win
+    limits = f"-c statement_timeout={STATEMENT_SECONDS * 1000} -c lock_timeout={LOCK_SECONDS * 1000}"
+    params["options"] = f"{limits} {params.get('options') or ''}".strip()
+    return params
+
+
 def connect(dsn: str) -> psycopg.Connection[Any]:
-    """A connection with the gateway's limits (`CONNECTION`, statement and lock timeouts) where the dsn
-    does not give its own."""
+    """One connection of its own, with the gateway's limits (`inspect`'s check, tests)."""
     try:
-        params = conninfo_to_dict(dsn)
-        for key, value in CONNECTION.items():
-            params.setdefault(key, value)
-        # the dsn's own `-c` settings come later and win
-        limits = f"-c statement_timeout={STATEMENT_SECONDS * 1000} -c lock_timeout={LOCK_SECONDS * 1000}"
-        params["options"] = f"{limits} {params.get('options') or ''}".strip()
-        return psycopg.connect(**params, autocommit=True)
+        return psycopg.connect(**_params(dsn), autocommit=True)
     except psycopg.Error as exc:
-        raise StorageError(
-            f"PostgreSQL at [storage] dsn could not be reached: {str(exc).strip().splitlines()[0]}"
-        ) from None
+        raise _unreachable(exc) from None
+
+
+def _unreachable(exc: BaseException) -> StorageError:
+    return StorageError(f"PostgreSQL at [storage] dsn could not be reached: {str(exc).strip().splitlines()[0]}")
+
+
+class _Pools:
+    """One connection pool per dsn in this process, shared by every store's schema (a borrowed
+    connection is pointed at the caller's schema only when it was last used for another); a pool
+    closes with the last database that uses it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pools: dict[str, tuple[ConnectionPool, int]] = {}
+
+    def take(self, dsn: str) -> ConnectionPool:
+        with self._lock:
+            pool, users = self._pools.get(dsn, (None, 0))
+            if pool is None:
+                pool = ConnectionPool(
+                    kwargs=_params(dsn) | {"autocommit": True},
+                    min_size=0,  # connections are made when needed and closed when idle
+                    max_size=POOL_SIZE,
+                    timeout=POOL_WAIT_SECONDS,
+                    max_idle=POOL_IDLE_SECONDS,
+                    num_workers=1,
+                    name="gateway",
+                    open=True,
+                )
+            self._pools[dsn] = (pool, users + 1)
+            return pool
+
+    def give_back(self, dsn: str) -> None:
+        with self._lock:
+            pool, users = self._pools[dsn]
+            if users > 1:
+                self._pools[dsn] = (pool, users - 1)
+                return
+            del self._pools[dsn]
+        pool.close(timeout=1.0)
+
+
+POOLS = _Pools()
 
 
 class _Watch:
@@ -185,71 +236,124 @@ def _storage_error(exc: psycopg.Error, watch: _Watch | None = None) -> StorageEr
     return StorageError(f"PostgreSQL: {_first_line(exc)}")
 
 
-def _sqlite_to_pg(sql: str) -> str:
-    """The stores' SQL as PostgreSQL takes it: `?` placeholders, REAL as double precision."""
-    sql = sql.replace("%", "%%").replace("?", "%s")
-    return re.sub(r"\bREAL\b", "DOUBLE PRECISION", sql)
+class Result:
+    """What a statement returned, read before its connection went back to the pool."""
+
+    def __init__(self, rows: list[tuple[Any, ...]], rowcount: int):
+        self.rows, self.rowcount = rows, rowcount
+
+    def fetchone(self) -> tuple[Any, ...] | None:
+        return self.rows[0] if self.rows else None
+
+    def fetchall(self) -> list[tuple[Any, ...]]:
+        return self.rows
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        return iter(self.rows)
 
 
 class PgDatabase:
-    """One connection whose `search_path` is one store's schema, with the calls the stores make of a
-    sqlite3 connection. Shared by the store's threads under its lock. A connection the server dropped
-    (a restart, a failover) is made again for the next statement outside a transaction; a failure
-    becomes a `StorageError` that says what to check."""
+    """One store's schema on the process's connection pool for its dsn: SQL in PostgreSQL's own words
+    (`%s` placeholders). A statement outside a transaction borrows a connection for itself; a
+    transaction holds one for the thread that opened it (its statements and nested transactions, as
+    savepoints, run there) until it ends. A connection the server dropped (a restart, a failover) is
+    replaced for the next statement outside a transaction; a failure becomes a `StorageError` that says
+    what to check."""
 
     def __init__(self, dsn: str, schema: str):
         self.dsn, self.schema = dsn, schema
-        self.depth = 0  # transactions open on this connection
-        self.conn = self._connect()
-
-    def _connect(self) -> psycopg.Connection[Any]:
-        conn = connect(self.dsn)
+        self._held = threading.local()  # `conn`: the connection of this thread's open transaction
+        self.pool = POOLS.take(dsn)
+        self._closed = False
         try:
-            with WATCHDOG.watch(conn) as watch:
-                with conn.transaction():
-                    # two replicas starting at once: one creates the schema, the other waits for it
-                    conn.execute(LOCK, (f"schema:{self.schema}",))
-                    conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
-                conn.execute(f'SET search_path TO "{self.schema}"')
-        except psycopg.Error as exc:
-            conn.close()
-            raise _storage_error(exc, watch) from None
-        return conn
+            with self._borrowed() as conn, WATCHDOG.watch(conn) as watch:
+                try:
+                    with conn.transaction():
+                        # two replicas starting at once: one creates the schema, the other waits for it
+                        conn.execute(LOCK, (f"schema:{schema}",))
+                        conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+                except psycopg.Error as exc:
+                    raise _storage_error(exc, watch) from None
+        except BaseException:
+            self.close()
+            raise
 
-    def _watched(self, work: Callable[[], Any]) -> Any:
-        """`work()` under the watchdog; a failure becomes a `StorageError` saying what to check."""
-        with WATCHDOG.watch(self.conn) as watch:
+    @contextmanager
+    def _borrowed(self, fresh: bool = False) -> Iterator[psycopg.Connection[Any]]:
+        """A connection of the pool, pointed at this schema. `fresh`: after one the server dropped, the
+        pool's idle connections are checked first (a restart dropped them all)."""
+        if fresh:
+            self.pool.check()
+        try:
+            cm = self.pool.connection()
+            conn = cm.__enter__()
+        except PoolTimeout:
+            raise self._no_connection() from None
+        try:
+            if getattr(conn, "_ctx_schema", None) != self.schema:
+                with WATCHDOG.watch(conn) as watch:
+                    try:
+                        conn.execute(f'SET search_path TO "{self.schema}"')
+                    except psycopg.Error as exc:
+                        raise _storage_error(exc, watch) from None
+                conn._ctx_schema = self.schema  # type: ignore[attr-defined]
+            yield conn
+        except BaseException as exc:
+            cm.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        cm.__exit__(None, None, None)
+
+    def _no_connection(self) -> StorageError:
+        """Why the pool had no connection to give: the server's own words when it refuses, else the wait."""
+        try:
+            psycopg.connect(**_params(self.dsn), autocommit=True).close()
+        except psycopg.Error as exc:
+            return _unreachable(exc)
+        return StorageError(
+            f"PostgreSQL: no connection free within {POOL_WAIT_SECONDS} s ({POOL_SIZE} in use by this gateway); "
+            "try again"
+        )
+
+    def _run(self, work: Callable[[psycopg.Connection[Any]], Any]) -> Any:
+        """`work(conn)` on this thread's transaction's connection, or on one borrowed for it alone."""
+        if self._closed:
+            raise StorageError("PostgreSQL: this store was closed (the gateway is stopping)")
+        held = getattr(self._held, "conn", None)
+        if held is not None:
+            with WATCHDOG.watch(held) as watch:
+                try:
+                    return work(held)
+                except psycopg.Error as exc:
+                    raise _storage_error(exc, watch) from None
+        with self._borrowed() as conn, WATCHDOG.watch(conn) as watch:
             try:
-                return work()
+                return work(conn)
+            except psycopg.Error as exc:
+                failed, broken = exc, conn.broken
+        # a connection the server dropped between statements (a restart, a failover): once more on a
+        # new one; never one that stalled (it would wait as long again)
+        if not isinstance(failed, psycopg.OperationalError) or not broken or watch.fired:
+            raise _storage_error(failed, watch)
+        with self._borrowed(fresh=True) as conn, WATCHDOG.watch(conn) as watch:
+            try:
+                return work(conn)
             except psycopg.Error as exc:
                 raise _storage_error(exc, watch) from None
 
-    def _run(self, work: Callable[[], Any]) -> Any:
-        if self.conn.broken and not self.depth:
-            self.conn = self._connect()
-        with WATCHDOG.watch(self.conn) as watch:
-            try:
-                return work()
-            except psycopg.Error as exc:
-                failed = exc
-        # a connection the server dropped between statements (a restart, a failover): once more on a
-        # new one; never one that stalled (it would wait as long again) nor inside a transaction
-        if not isinstance(failed, psycopg.OperationalError) or not self.conn.broken or self.depth or watch.fired:
-            raise _storage_error(failed, watch)
-        self.conn = self._connect()
-        return self._watched(work)
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Result:
+        def run(conn: psycopg.Connection[Any]) -> Result:
+            cur = conn.execute(sql, tuple(params))  # type: ignore[arg-type]
+            return Result(cur.fetchall() if cur.description else [], cur.rowcount)
 
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
-        return self._run(lambda: self.conn.execute(_sqlite_to_pg(sql), tuple(params)))  # type: ignore[arg-type]
+        return self._run(run)
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         """The rows in batches of `BATCH`, each batch within the time one statement may take."""
-        query = _sqlite_to_pg(sql)
         for batch in _batches(rows, BATCH):
 
-            def run(batch: list[Sequence[Any]] = batch) -> None:
-                with self.conn.cursor() as cur:
-                    cur.executemany(query, batch)  # type: ignore[arg-type]
+            def run(conn: psycopg.Connection[Any], batch: list[Sequence[Any]] = batch) -> None:
+                with conn.cursor() as cur:
+                    cur.executemany(sql, batch)  # type: ignore[arg-type]
 
             self._run(run)
 
@@ -258,8 +362,8 @@ class PgDatabase:
         fastest way rows reach PostgreSQL: no statement per row)."""
         for batch in _batches(rows, BATCH * 40):
 
-            def run(batch: list[Sequence[Any]] = batch) -> None:
-                with self.conn.cursor() as cur, cur.copy(statement) as copy:  # type: ignore[arg-type]
+            def run(conn: psycopg.Connection[Any], batch: list[Sequence[Any]] = batch) -> None:
+                with conn.cursor() as cur, cur.copy(statement) as copy:  # type: ignore[arg-type]
                     for row in batch:
                         copy.write_row(row)
 
@@ -274,33 +378,53 @@ class PgDatabase:
     def hold(self, key: str) -> None:
         """An advisory lock on `key` for the rest of the current transaction: every replica's holder of
         the same key waits for its commit (at most `LOCK_SECONDS`)."""
-        self._watched(lambda: self.conn.execute(LOCK, (key,)))
+        self.execute(LOCK, (key,))
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
-        """A transaction (a savepoint inside another). An outermost one begins on a new connection when
-        the server dropped this one since its last statement (a restart, a failover)."""
-        begun: list[psycopg.Transaction] = []
+        """A transaction on a connection this thread holds until it ends (a savepoint inside another)."""
+        held = getattr(self._held, "conn", None)
+        if held is not None:
+            with self._watched_transaction(held):
+                yield
+            return
+        if self._closed:
+            raise StorageError("PostgreSQL: this store was closed (the gateway is stopping)")
+        with self._borrowed() as conn:
+            if conn.broken:
+                raise StorageError("PostgreSQL: the connection was lost; try again")
+            self._held.conn = conn
+            try:
+                with self._watched_transaction(conn):
+                    yield
+            finally:
+                self._held.conn = None
 
-        def begin() -> None:
-            begun.append(self.conn.transaction())
-            begun[-1].__enter__()
-
-        self._run(begin)
-        tx = begun[-1]
-        self.depth += 1
+    @contextmanager
+    def _watched_transaction(self, conn: psycopg.Connection[Any]) -> Iterator[None]:
+        """`conn.transaction()` whose begin and commit (or rollback) are watched and told as `StorageError`."""
+        with WATCHDOG.watch(conn) as watch:
+            try:
+                tx = conn.transaction()
+                tx.__enter__()
+            except psycopg.Error as exc:
+                raise _storage_error(exc, watch) from None
         try:
             yield
         except BaseException as exc:
-            self.depth -= 1
-            with contextlib.suppress(StorageError):  # the block's own error is the one to tell
-                self._watched(functools.partial(tx.__exit__, type(exc), exc, exc.__traceback__))
+            with contextlib.suppress(psycopg.Error), WATCHDOG.watch(conn):  # the block's own error is the one to tell
+                tx.__exit__(type(exc), exc, exc.__traceback__)
             raise
-        self.depth -= 1
-        self._watched(lambda: tx.__exit__(None, None, None))  # the commit
+        with WATCHDOG.watch(conn) as watch:
+            try:
+                tx.__exit__(None, None, None)  # the commit
+            except psycopg.Error as exc:
+                raise _storage_error(exc, watch) from None
 
     def close(self) -> None:
-        self.conn.close()
+        if not self._closed:
+            self._closed = True
+            POOLS.give_back(self.dsn)
 
 
 def _said(exc: BaseException) -> str:
@@ -347,6 +471,8 @@ class PgSearchIndex(IndexCalls):
     the row's length, under a B-tree on the term. A search reads the postings of its terms only and
     computes FTS5's BM25 for every matching row in the server (same constants, same statistics of the
     whole table), so no row that FTS5 would rank first is ever left out (there is no candidate cap)."""
+
+    engine = "postgres"
 
     def __init__(self, dsn: str, schema: str, table: str = "docs", columns: Sequence[str] = (), script: str = ""):
         self.table = table
@@ -397,7 +523,7 @@ class PgSearchIndex(IndexCalls):
         with self.lock, self.db.transaction():
             for batch in _batches((_row(*row) for row in rows), BATCH):
                 first = self.db.execute(
-                    f"SELECT nextval('{self.table}_order') FROM generate_series(1, ?)", (len(batch),)
+                    f"SELECT nextval('{self.table}_order') FROM generate_series(1, %s)", (len(batch),)
                 ).fetchall()
                 docs, postings = [], []
                 for (order,), (key, *values, body, extra) in zip(first, batch, strict=True):
@@ -415,10 +541,11 @@ class PgSearchIndex(IndexCalls):
     def _count(self, rows: int, tokens: int) -> None:
         if rows:
             self.db.execute(
-                f"UPDATE {self.table}_totals SET rows = rows + ?, tokens = tokens + ? WHERE id = 1", (rows, tokens)
+                f"UPDATE {self.table}_totals SET rows = rows + %s, tokens = tokens + %s WHERE id = 1", (rows, tokens)
             )
 
-    def delete(self, where: str, params: Sequence[object] = ()) -> None:
+    def delete(self, match: Mapping[str, object]) -> None:
+        where, params = self.condition(match, "%s")
         with self.lock, self.db.transaction():
             gone = self.db.execute(
                 f"DELETE FROM {self.table} WHERE {where} RETURNING body_tokens + extra_tokens", params
@@ -440,17 +567,18 @@ class PgSearchIndex(IndexCalls):
             self.db.hold(f"{self.db.schema}.{self.table}")
             yield
 
-    def search(self, query: str, limit: int = 10, where: str = "", params: Sequence[object] = ()) -> list[Hit]:
+    def search(self, query: str, limit: int = 10, match: Mapping[str, object] | None = None) -> list[Hit]:
         terms = [_folded(t) for t in query_terms(query)]
         terms = list(dict.fromkeys(t for t in terms if len(t) <= MAX_LEXEME))
         if not terms:
             return []
-        condition = f" AND ({where})" if where else ""
+        where, params = self.condition(match or {}, "%s")
+        condition = f" AND {where}"
         # a term matches its own postings; a one-character CJK term every term it begins, as in FTS5
         bounds = [(t, chr(ord(t) + 1)) if _CJK_ONE.match(t) else (t, t) for t in terms]
         matched = " UNION ALL ".join(
-            f"SELECT ?::int AS i, row, key, hits, length FROM {self.table}_terms WHERE "
-            + ("term = ?" if lo == hi else "term >= ? AND term < ?")
+            f"SELECT %s::int AS i, row, key, hits, length FROM {self.table}_terms WHERE "
+            + ("term = %s" if lo == hi else "term >= %s AND term < %s")
             + condition
             for lo, hi in bounds
         )
@@ -462,8 +590,8 @@ class PgSearchIndex(IndexCalls):
             # rows per term, over the whole table as FTS5 counts them (an index scan per term)
             counts = self.db.execute(
                 " UNION ALL ".join(
-                    f"SELECT ?::int, count(DISTINCT row) FROM {self.table}_terms WHERE "
-                    + ("term = ?" if lo == hi else "term >= ? AND term < ?")
+                    f"SELECT %s::int, count(DISTINCT row) FROM {self.table}_terms WHERE "
+                    + ("term = %s" if lo == hi else "term >= %s AND term < %s")
                     for lo, hi in bounds
                 ),
                 [v for i, (lo, hi) in enumerate(bounds) for v in (i, lo, *([] if lo == hi else [hi]))],
@@ -474,8 +602,8 @@ class PgSearchIndex(IndexCalls):
             found = self.db.execute(
                 f"WITH m AS ({matched}), f AS (SELECT row, key, i, sum(hits) AS f, max(length) AS length "
                 "FROM m GROUP BY row, key, i) "
-                f"SELECT key, sum((?::float8[])[i + 1] * f * {K1 + 1} / (f + {K1} * ({1 - B} + {B} * length / ?))) "
-                "AS score, row FROM f GROUP BY row, key ORDER BY score DESC, row LIMIT ?",
+                f"SELECT key, sum((%s::float8[])[i + 1] * f * {K1 + 1} / (f + {K1} * ({1 - B} + {B} * length / %s))) "
+                "AS score, row FROM f GROUP BY row, key ORDER BY score DESC, row LIMIT %s",
                 (*args, idf, avgdl or 1.0, limit),
             ).fetchall()
         return [Hit(key, float(score)) for key, score, _ in found]
@@ -505,7 +633,7 @@ class PgLog:
 
     def exists(self) -> bool:
         with self.lock:
-            return self.db.execute("SELECT 1 FROM log WHERE name = ? LIMIT 1", (self.name,)).fetchone() is not None
+            return self.db.execute("SELECT 1 FROM log WHERE name = %s LIMIT 1", (self.name,)).fetchone() is not None
 
     def append(self, records: Sequence[dict[str, Any]] | Callable[[], Sequence[dict[str, Any]]]) -> int:
         """The records in one transaction, under this log's lock (every replica's), committed before
@@ -513,8 +641,8 @@ class PgLog:
         with self.lock, self.db.transaction():
             self.db.hold(f"log:{self.db.schema}:{self.name}")
             rows = records() if callable(records) else records
-            self.db.executemany("INSERT INTO log (name, record) VALUES (?, ?)", [(self.name, Jsonb(r)) for r in rows])
-            last = self.db.execute("SELECT max(seq) FROM log WHERE name = ?", (self.name,)).fetchone()
+            self.db.executemany("INSERT INTO log (name, record) VALUES (%s, %s)", [(self.name, Jsonb(r)) for r in rows])
+            last = self.db.execute("SELECT max(seq) FROM log WHERE name = %s", (self.name,)).fetchone()
         return int(last[0] or 0)
 
     def read(self, start: int = 0) -> tuple[list[dict[str, Any]], int]:
@@ -522,7 +650,7 @@ class PgLog:
         log commit in the order of their numbers (the lock), so nothing committed is ever skipped."""
         with self.lock:
             rows = self.db.execute(
-                "SELECT seq, record FROM log WHERE name = ? AND seq > ? ORDER BY seq", (self.name, start)
+                "SELECT seq, record FROM log WHERE name = %s AND seq > %s ORDER BY seq", (self.name, start)
             ).fetchall()
         records = [r if isinstance(r, dict) else json.loads(r) for _, r in rows]
         return [r for r in records if isinstance(r, dict)], int(rows[-1][0]) if rows else start
@@ -531,8 +659,10 @@ class PgLog:
         """Mark the log as existing (an opened session with nothing written yet)."""
         with self.lock, self.db.transaction():
             self.db.hold(f"log:{self.db.schema}:{self.name}")
-            if self.db.execute("SELECT 1 FROM log WHERE name = ? LIMIT 1", (self.name,)).fetchone() is None:
-                self.db.execute("INSERT INTO log (name, record) VALUES (?, ?)", (self.name, Jsonb({"type": "opened"})))
+            if self.db.execute("SELECT 1 FROM log WHERE name = %s LIMIT 1", (self.name,)).fetchone() is None:
+                self.db.execute(
+                    "INSERT INTO log (name, record) VALUES (%s, %s)", (self.name, Jsonb({"type": "opened"}))
+                )
 
 
 def names(db: PgDatabase, lock: threading.RLock) -> list[str]:

@@ -12,7 +12,7 @@ import logging
 import re
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
@@ -144,11 +144,24 @@ class Hit:
 
 
 class IndexCalls:
-    """What both search indexes (SQLite's `SearchIndex`, PostgreSQL's `PgSearchIndex`) do alike."""
+    """What both search indexes (SQLite's `SearchIndex`, PostgreSQL's `PgSearchIndex`) do alike. A store
+    that keeps tables of its own beside the index runs its statements on `db` in `engine`'s words."""
 
+    engine: str  # "sqlite" or "postgres"
     table: str
+    columns: list[str]
     lock: threading.RLock
     db: Any
+
+    def condition(self, match: Mapping[str, object], mark: str) -> tuple[str, tuple[object, ...]]:
+        """SQL that keeps the rows whose columns equal `match`'s values (every row when it is empty), with
+        `mark` for each placeholder, and its parameters."""
+        unknown = set(match) - {"key", *self.columns}
+        if unknown:
+            raise ValueError(f"no such column in {self.table}: {', '.join(sorted(unknown))}")
+        if not match:
+            return "TRUE", ()
+        return " AND ".join(f"{column} = {mark}" for column in match), tuple(match.values())
 
     def transaction(self, bulk: bool = False, key: str = "") -> Any:
         """One transaction; with `key`, no other writer of the same key (another gateway's too) runs
@@ -164,13 +177,17 @@ class IndexCalls:
         with self.transaction():
             self.insert(rows)
 
-    def delete(self, where: str, params: Sequence[object] = ()) -> None:
+    def delete(self, match: Mapping[str, object]) -> None:
+        """The rows whose columns equal `match`'s values; every row when it is empty."""
+        where, params = self.condition(match, "?")
         with self.lock:
             self.db.execute(f"DELETE FROM {self.table} WHERE {where}", params)
 
 
 class SearchIndex(IndexCalls):
     """One FTS5 table in one SQLite file (or memory). Thread-safe; each call is short."""
+
+    engine = "sqlite"
 
     def __init__(self, path: Path | str, table: str = "docs", columns: Sequence[str] = (), schema: str = ""):
         """`schema`: more SQL (tables of the caller's own) created in the same file."""
@@ -284,11 +301,13 @@ class SearchIndex(IndexCalls):
         except sqlite3.Error as exc:
             log.debug("checkpoint of %s after a large write: %s", self.path, exc)
 
-    def search(self, query: str, limit: int = 10, where: str = "", params: Sequence[object] = ()) -> list[Hit]:
+    def search(self, query: str, limit: int = 10, match: Mapping[str, object] | None = None) -> list[Hit]:
+        """The best `limit` rows for `query` by BM25, among those whose columns equal `match`'s values."""
         terms = query_terms(query)
         if not terms:
             return []
-        condition = f" AND {where}" if where else ""
+        where, params = self.condition(match or {}, "?")
+        condition = f" AND {where}" if match else ""
         sql = (
             f"SELECT key, -bm25({self.table}, 0, {', '.join('0' for _ in self.columns) + ', ' if self.columns else ''}"
             f"1.0, 0.6) AS score FROM {self.table} WHERE {self.table} MATCH ?{condition} ORDER BY score DESC LIMIT ?"

@@ -51,6 +51,8 @@ CREATE TABLE IF NOT EXISTS calls (
 );
 CREATE INDEX IF NOT EXISTS calls_ts ON calls(ts);
 """
+# PostgreSQL's own: timestamps and milliseconds as double precision (its REAL is 4 bytes)
+PG_SCHEMA = SCHEMA.replace("REAL", "DOUBLE PRECISION")
 # a table made before the replica column: given it (every row then has replica '')
 ADD_REPLICA = "ALTER TABLE calls ADD COLUMN {} replica TEXT NOT NULL DEFAULT ''"
 COLUMNS = (
@@ -115,6 +117,34 @@ class Totals:
             self.saved[row.saved_by] += row.tokens_saved
 
 
+@dataclass(frozen=True)
+class Statements:
+    """The figures' statements in one engine's words (its placeholders)."""
+
+    insert: str
+    prune: str
+    totals: str
+    rows: str
+    replicas: str  # `{replica}`: the column, or '' for a stats.db older than it
+
+
+def _statements(mark: str) -> Statements:
+    return Statements(
+        insert=f"INSERT INTO calls ({', '.join(COLUMNS)}, replica) VALUES ({', '.join([mark] * (len(COLUMNS) + 1))})",
+        prune=f"DELETE FROM calls WHERE ts < {mark}",
+        totals="SELECT COUNT(*) FILTER (WHERE via != 'list'), COALESCE(SUM(error), 0), "
+        f"COALESCE(SUM(tokens_returned), 0), COALESCE(SUM(tokens_saved), 0) FROM calls WHERE ts >= {mark}",
+        rows="SELECT server, tool, via, error, result_bytes, tokens_returned, tokens_saved, saved_by, ms "
+        f"FROM calls WHERE ts >= {mark} ORDER BY server, tool",
+        replicas="SELECT {replica}, COUNT(*) FILTER (WHERE via != 'list'), COALESCE(SUM(error), 0), "
+        "COALESCE(SUM(tokens_returned), 0), COALESCE(SUM(tokens_saved), 0), MAX(ts) "
+        f"FROM calls WHERE ts >= {mark} GROUP BY {{replica}} ORDER BY {{replica}}",
+    )
+
+
+SQLITE, POSTGRES = _statements("?"), _statements("%s")
+
+
 def damaged(exc: sqlite3.DatabaseError) -> bool:
     return "not a database" in str(exc) or "malformed" in str(exc)
 
@@ -123,7 +153,7 @@ def connect(path: Path, storage: Storage | None = None) -> Any:
     """The figures' database: `path` (SQLite), or the shared one on the PostgreSQL backend (the same calls)."""
     if storage is not None and storage.shared:
         pg = storage.database("usage")
-        pg.executescript(SCHEMA)
+        pg.executescript(PG_SCHEMA)
         pg.execute(ADD_REPLICA.format("IF NOT EXISTS"))
         return pg
     db = sqlite3.connect(path, timeout=5.0)
@@ -144,12 +174,10 @@ def _has_replica(db: sqlite3.Connection) -> bool:
 
 
 def _write_rows(db: Any, rows: list[Row], replica: str) -> None:
-    with db.transaction() if hasattr(db, "transaction") else db:
-        db.executemany(
-            f"INSERT INTO calls ({', '.join(COLUMNS)}, replica) VALUES ({','.join('?' * (len(COLUMNS) + 1))})",
-            [(*r.values(), replica) for r in rows],
-        )
-        db.execute("DELETE FROM calls WHERE ts < ?", (time.time() - KEEP_DAYS * 86_400,))
+    sql = SQLITE if isinstance(db, sqlite3.Connection) else POSTGRES
+    with db if isinstance(db, sqlite3.Connection) else db.transaction():
+        db.executemany(sql.insert, [(*r.values(), replica) for r in rows])
+        db.execute(sql.prune, (time.time() - KEEP_DAYS * 86_400,))
 
 
 class Stats:
@@ -237,25 +265,18 @@ def summary(
         return {"period": period, "totals": {p: _empty() for p in PERIODS}, "rows": [], "replicas": []}
     now = time.time() if now is None else now
     db = connect(path, storage) if shared else sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
+    sql = POSTGRES if shared else SQLITE
     try:
         totals = {}
         for name, span in PERIODS.items():
             since = now - span if span else 0.0
-            (calls, errors, returned, saved) = db.execute(
-                "SELECT COUNT(*) FILTER (WHERE via != 'list'), COALESCE(SUM(error), 0), "
-                "COALESCE(SUM(tokens_returned), 0), COALESCE(SUM(tokens_saved), 0) FROM calls WHERE ts >= ?",
-                (since,),
-            ).fetchone()
+            (calls, errors, returned, saved) = db.execute(sql.totals, (since,)).fetchone()
             totals[name] = {"calls": calls, "errors": errors, "tokens_returned": returned, "tokens_saved": saved}
         span = PERIODS[period]
         since = now - span if span else 0.0
         groups: dict[tuple[str, str, str], dict[str, Any]] = {}
         latencies: dict[tuple[str, str, str], list[float]] = defaultdict(list)
-        for server, tool, via, error, size, returned, saved, saved_by, ms in db.execute(
-            "SELECT server, tool, via, error, result_bytes, tokens_returned, tokens_saved, saved_by, ms "
-            "FROM calls WHERE ts >= ? ORDER BY server, tool",
-            (since,),
-        ):
+        for server, tool, via, error, size, returned, saved, saved_by, ms in db.execute(sql.rows, (since,)):
             key = (server, tool, via)
             g = groups.setdefault(
                 key,
@@ -296,12 +317,7 @@ def summary(
                 "tokens_saved": saved,
                 "last_call": last,
             }
-            for name, calls, errors, returned, saved, last in db.execute(
-                f"SELECT {replica}, COUNT(*) FILTER (WHERE via != 'list'), COALESCE(SUM(error), 0), "
-                "COALESCE(SUM(tokens_returned), 0), COALESCE(SUM(tokens_saved), 0), MAX(ts) "
-                f"FROM calls WHERE ts >= ? GROUP BY {replica} ORDER BY {replica}",
-                (since,),
-            )
+            for name, calls, errors, returned, saved, last in db.execute(sql.replicas.format(replica=replica), (since,))
         ]
         return {"period": period, "totals": totals, "rows": rows, "replicas": replicas}
     finally:

@@ -28,7 +28,7 @@ def _postgres() -> Any:
     except ImportError as exc:
         raise StorageError(
             f'[storage] backend = "postgres" needs psycopg ({exc}): install the extra `postgres` '
-            '(pip install -e ".[postgres]" in a checkout) or pip install "psycopg[binary]"'
+            '(pip install -e ".[postgres]" in a checkout) or pip install "psycopg[binary]" psycopg-pool'
         ) from None
     return postgres
 
@@ -86,8 +86,8 @@ class Storage:
         return Logs(folder, (db, threading.RLock()))
 
     def database(self, store: str, namespace: str = "") -> Any:
-        """A `postgres.PgDatabase` on the schema of one store (PostgreSQL backend only): SQLite's calls,
-        SQLite's `?` placeholders."""
+        """A `postgres.PgDatabase` on the schema of one store (PostgreSQL backend only): its statements are
+        PostgreSQL's (`%s` placeholders)."""
         postgres = _postgres()
         return postgres.PgDatabase(self.dsn, postgres.schema_name(store, namespace))
 

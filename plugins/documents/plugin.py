@@ -12,8 +12,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -102,22 +103,51 @@ def read_text_file(path: Path) -> str:
         ) from None
 
 
+@dataclass(frozen=True)
+class Statements:
+    """The store's statements in one engine's words (its placeholders)."""
+
+    get: str
+    add_chunk: str
+    add_doc: str
+    forget_chunks: str
+    forget_doc: str
+    chunks: str
+
+
+def _statements(mark: str) -> Statements:
+    return Statements(
+        get=f"SELECT doc_id, title, source, sha, kind, chunks, tokens, bytes, outline FROM docs WHERE doc_id = {mark}",
+        add_chunk=f"INSERT INTO chunks VALUES ({', '.join([mark] * 7)})",
+        add_doc=f"INSERT INTO docs VALUES ({', '.join([mark] * 10)})",
+        forget_chunks=f"DELETE FROM chunks WHERE doc_id = {mark}",
+        forget_doc=f"DELETE FROM docs WHERE doc_id = {mark}",
+        chunks=f"SELECT idx, heading, text, tokens, part FROM chunks WHERE doc_id = {mark} AND idx BETWEEN {mark} "
+        f"AND {mark} ORDER BY idx",
+    )
+
+
+STATEMENTS = {"sqlite": _statements("?"), "postgres": _statements("%s")}
+
+
 class DocumentStore:
     """Documents and chunks in one SQLite file (or one PostgreSQL schema): metadata, chunk text, and the
     full-text index."""
 
     SCHEMA = """
         CREATE TABLE IF NOT EXISTS docs (doc_id TEXT PRIMARY KEY, title TEXT, source TEXT, sha TEXT, kind TEXT,
-            chunks INTEGER, tokens INTEGER, bytes INTEGER, created REAL, outline TEXT);
+            chunks INTEGER, tokens INTEGER, bytes INTEGER, created {time}, outline TEXT);
         CREATE TABLE IF NOT EXISTS chunks (doc_id TEXT, idx INTEGER, heading TEXT, text TEXT, tokens INTEGER,
             line INTEGER, part TEXT, PRIMARY KEY (doc_id, idx));
     """
+    TIME: ClassVar[dict[str, str]] = {"sqlite": "REAL", "postgres": "DOUBLE PRECISION"}  # PostgreSQL's REAL has 4 bytes
 
     def __init__(self, path: Path, storage: Storage | None = None, namespace: str = ""):
         """`path`: the SQLite file; `storage` may put the store on PostgreSQL instead."""
-        self.index = (storage or Storage()).search_index(
-            path, "documents", namespace, "chunk_index", ("doc", "idx"), self.SCHEMA
-        )
+        storage = storage or Storage()
+        schema = self.SCHEMA.format(time=self.TIME["postgres" if storage.shared else "sqlite"])
+        self.index = storage.search_index(path, "documents", namespace, "chunk_index", ("doc", "idx"), schema)
+        self.sql = STATEMENTS[self.index.engine]
         self.db = self.index.db
         self.lock = self.index.lock
         self.damaged_note = ""
@@ -129,10 +159,7 @@ class DocumentStore:
 
     def get(self, doc_id: str) -> dict[str, Any] | None:
         with self.lock:
-            row = self.db.execute(
-                "SELECT doc_id, title, source, sha, kind, chunks, tokens, bytes, outline FROM docs WHERE doc_id = ?",
-                (doc_id,),
-            ).fetchone()
+            row = self.db.execute(self.sql.get, (doc_id,)).fetchone()
         if row is None:
             return None
         keys = ("doc_id", "title", "source", "sha", "kind", "chunks", "tokens", "bytes", "outline")
@@ -164,7 +191,7 @@ class DocumentStore:
                     continue
                 made, extras = batch
                 self.db.executemany(
-                    "INSERT INTO chunks VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    self.sql.add_chunk,
                     ((doc_id, chunks + i, c.heading, c.text, c.tokens, c.line, c.part) for i, c in enumerate(made)),
                 )
                 self.index.insert(
@@ -177,7 +204,7 @@ class DocumentStore:
                 chunks += len(made)
                 tokens += sum(c.tokens for c in made)
             self.db.execute(
-                "INSERT INTO docs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                self.sql.add_doc,
                 (
                     doc_id,
                     title,
@@ -196,18 +223,14 @@ class DocumentStore:
     def forget(self, doc_id: str) -> bool:
         with self.lock:
             found = self.get(doc_id) is not None
-            self.db.execute("DELETE FROM chunks WHERE doc_id = ?", (doc_id,))
-            self.db.execute("DELETE FROM docs WHERE doc_id = ?", (doc_id,))
-            self.index.delete("doc = ?", (doc_id,))
+            self.db.execute(self.sql.forget_chunks, (doc_id,))
+            self.db.execute(self.sql.forget_doc, (doc_id,))
+            self.index.delete({"doc": doc_id})
         return found
 
     def chunks(self, doc_id: str, start: int, end: int) -> list[dict[str, Any]]:
         with self.lock:
-            rows = self.db.execute(
-                "SELECT idx, heading, text, tokens, part FROM chunks WHERE doc_id = ? AND idx BETWEEN ? "
-                "AND ? ORDER BY idx",
-                (doc_id, start, end),
-            ).fetchall()
+            rows = self.db.execute(self.sql.chunks, (doc_id, start, end)).fetchall()
         return [
             {"doc_id": doc_id, "index": i, "heading": h, "text": t, "tokens": n, **({"part": p} if p else {})}
             for i, h, t, n, p in rows
@@ -481,8 +504,7 @@ class DocumentsPlugin(Plugin):
         store = self._store(namespace)
         if doc_id:
             self._ensure(doc_id, namespace)
-        where, params = ("doc = ?", (doc_id,)) if doc_id else ("", ())
-        hits = store.index.search(query, limit * 3, where, params)
+        hits = store.index.search(query, limit * 3, {"doc": doc_id} if doc_id else None)
         results: list[dict[str, Any]] = []
         used = left = 0
         for hit in hits:

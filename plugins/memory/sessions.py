@@ -8,7 +8,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from gateway.services.tokens import estimate_tokens
 
@@ -241,6 +241,15 @@ class RecallIndex:
 
     TABLE, COLUMNS = "entries", ("session",)
     SCHEMA = 'CREATE TABLE IF NOT EXISTS indexed (session TEXT PRIMARY KEY, "offset" BIGINT);'
+    # how far each session's log is indexed, in each engine's words
+    DONE: ClassVar[dict[str, str]] = {
+        "sqlite": 'SELECT "offset" FROM indexed WHERE session = ?',
+        "postgres": 'SELECT "offset" FROM indexed WHERE session = %s',
+    }
+    MARK: ClassVar[dict[str, str]] = {
+        "sqlite": 'INSERT INTO indexed VALUES (?, ?) ON CONFLICT (session) DO UPDATE SET "offset" = excluded."offset"',
+        "postgres": 'INSERT INTO indexed VALUES (%s, %s) ON CONFLICT (session) DO UPDATE SET "offset" = excluded."offset"',
+    }
 
     def __init__(self, index: Any):
         """`index`: a `SearchIndex` (or its PostgreSQL twin) made with TABLE, COLUMNS and SCHEMA. A damaged
@@ -258,7 +267,7 @@ class RecallIndex:
                 self._catch_up(session)
 
     def _done(self, session: Session) -> int:
-        row = self.index.db.execute('SELECT "offset" FROM indexed WHERE session = ?', (session.id,)).fetchone()
+        row = self.index.db.execute(self.DONE[self.index.engine], (session.id,)).fetchone()
         return row[0] if row else -1
 
     def _catch_up(self, session: Session) -> None:
@@ -267,12 +276,9 @@ class RecallIndex:
         if done == session.offset:
             return
         if done < 0 or done > session.offset or not self._incremental(session, done):
-            self.index.delete("session = ?", (session.id,))
+            self.index.delete({"session": session.id})
             self.index.insert((e.id, e.text, (session.id,)) for e in session.active())
-        self.index.db.execute(
-            'INSERT INTO indexed VALUES (?, ?) ON CONFLICT (session) DO UPDATE SET "offset" = excluded."offset"',
-            (session.id, session.offset),
-        )
+        self.index.db.execute(self.MARK[self.index.engine], (session.id, session.offset))
 
     def _incremental(self, session: Session, start: int) -> bool:
         records, end = session.log.read(start)
@@ -281,7 +287,7 @@ class RecallIndex:
         new = [r for r in records if r.get("type") == "entry" and r.get("id") in session.entries]
         gone = [r["id"] for r in records if r.get("type") == "patch" and r.get("superseded_by")]
         for entry_id in gone:
-            self.index.delete("session = ? AND key = ?", (session.id, entry_id))
+            self.index.delete({"session": session.id, "key": entry_id})
         self.index.insert(
             (r["id"], r["text"], (session.id,)) for r in new if session.entries[r["id"]].superseded_by is None
         )
@@ -289,4 +295,4 @@ class RecallIndex:
 
     def search(self, session: Session, query: str, limit: int) -> list[tuple[str, float]]:
         self.sync(session)
-        return [(h.key, h.score) for h in self.index.search(query, limit, "session = ?", (session.id,))]
+        return [(h.key, h.score) for h in self.index.search(query, limit, {"session": session.id})]

@@ -31,7 +31,7 @@ def test_finds_words_inside_identifiers_and_korean_words(index: SearchIndex) -> 
     assert [h.key for h in index.search("세션토큰")] == ["b"]
     assert [h.key for h in index.search("세션")] == ["b"]  # a word inside a longer word
     assert [h.key for h in index.search("ERR_TIMEOUT")] == ["c"]
-    assert [h.key for h in index.search("deploy", where="kind = ?", params=("code",))] == []
+    assert [h.key for h in index.search("deploy", match={"kind": "code"})] == []
 
 
 @pytest.mark.parametrize("junk", ['"', "AND OR NOT", "*", "(", "NEAR(a b", "'; DROP TABLE t; --", "", "   ", "^$"])
