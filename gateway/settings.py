@@ -343,7 +343,7 @@ class GatewaySettings(BaseModel):
     tokenizer: Literal["auto", "cl100k", "o200k", "llama3", "qwen"] = Field(
         "auto",
         description="the host model's tokenizer family, counted with its real tokenizer in token figures and "
-        "offload limits; auto = for the widest common one (cl100k and Qwen 3.6 counted, +9 %)",
+        "offload limits; auto = for the widest common one (the larger of cl100k and Qwen 3.6, x1.09)",
     )
     exact_tokens: bool = Field(
         True,
