@@ -495,7 +495,7 @@ class PgSearchIndex(IndexCalls):
             + "".join(f"CREATE INDEX IF NOT EXISTS {table}_{c} ON {table} ({c});" for c in self.columns)
             + f"CREATE SEQUENCE IF NOT EXISTS {table}_order;"
             + f'CREATE TABLE IF NOT EXISTS {table}_terms (term TEXT COLLATE "C" NOT NULL, row BIGINT NOT NULL, '
-            f"key TEXT{cols}, hits REAL NOT NULL, length INTEGER NOT NULL);"
+            f"key TEXT{cols}, hits DOUBLE PRECISION NOT NULL, length INTEGER NOT NULL);"
             # covering: a search reads the index alone once the table is vacuumed (`_vacuum_soon`)
             + f"CREATE INDEX IF NOT EXISTS {table}_terms_term ON {table}_terms (term) "
             + f"INCLUDE (row, key, hits, length{cols.replace(' TEXT', '')});"
