@@ -38,6 +38,7 @@ from concurrency import HEADER, measured
 from conftest import PROBE, free_port, wait_listening
 
 from gateway.services.storage import Storage
+from gateway.services.tokens import ESTIMATOR
 from gateway.settings import StorageSettings
 from plugins.documents.plugin import DocumentStore
 from plugins.memory.sessions import RecallIndex, Session
@@ -104,6 +105,7 @@ def _ms(work: list[float]) -> str:
 
 
 def stores(tmp: Path, dsn: str, notes: int, doc_mb: int) -> list[list[str]]:
+    ESTIMATOR.load_exact()  # as in a gateway that has run a while: both backends' chunks counted alike
     text = stdlib_markdown(doc_mb)
     rows = [
         [
@@ -137,6 +139,8 @@ def stores(tmp: Path, dsn: str, notes: int, doc_mb: int) -> list[list[str]]:
             )
         )
         index.sync(session)
+        while (vacuuming := getattr(index.index, "_vacuuming", None)) is not None:  # PostgreSQL's, after it
+            vacuuming.join()
         recall = []
         for query in QUERIES * 4:
             t = time.perf_counter()
@@ -146,6 +150,8 @@ def stores(tmp: Path, dsn: str, notes: int, doc_mb: int) -> list[list[str]]:
         t = time.perf_counter()
         store.put("stdlib", "stdlib", "bench", text, "markdown")
         ingest = time.perf_counter() - t
+        while (vacuuming := getattr(store.index, "_vacuuming", None)) is not None:  # PostgreSQL's, after a bulk write
+            vacuuming.join()
         search = []
         for query in DOC_QUERIES * 4:
             t = time.perf_counter()

@@ -17,7 +17,6 @@ import hashlib
 import json
 import logging
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +119,7 @@ class DefinitionLedger:
         self._db: Any = None
         self._wake = threading.Event()
         self._writer: threading.Thread | None = None
+        self._closed = False
         if storage is not None and storage.shared:
             self._db = storage.database("definitions")
             self._db.executescript(PG_SCHEMA)
@@ -294,11 +294,20 @@ class DefinitionLedger:
         self._wake.set()
 
     def _write_behind(self) -> None:
-        while True:
+        while not self._closed:
             self._wake.wait()
             self._wake.clear()
-            while not self.flush():
-                time.sleep(RETRY_SECONDS)
+            while not self._closed and not self.flush():
+                self._wake.wait(RETRY_SECONDS)  # woken early only by `close`
+
+    def close(self) -> None:
+        """Write what is left (once: a database that is away keeps it) and let go of the database."""
+        if self._db is None or self._closed:
+            return
+        self.flush()
+        self._closed = True
+        self._wake.set()
+        self._db.close()
 
     def flush(self) -> bool:
         """Write the definitions seen for the first time since the last flush; False when it failed (they

@@ -252,6 +252,8 @@ class Gateway:
                     self._closing.set()  # the stats writer ends
                     # what is left is written here (on a signal the writer is cancelled with its task group)
                     await anyio.to_thread.run_sync(self.stats.flush)
+                    await anyio.to_thread.run_sync(self.stats.close)
+                    await anyio.to_thread.run_sync(self.routing.ledger.close)
 
     async def shutdown(self, timeout: float = 10.0) -> None:
         """Stop every upstream (their process groups) and the plugins, without waiting on the host."""

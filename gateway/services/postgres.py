@@ -63,6 +63,7 @@ POOL_SIZE = 8  # connections per process and dsn: one per thread that needs one 
 POOL_WAIT_SECONDS = CONNECT_SECONDS + 1  # a call waits this long for a connection, then fails saying so
 POOL_IDLE_SECONDS = 60.0
 VACUUM_SECONDS = 300
+VACUUM_AFTER = 20_000  # postings written: then the table is vacuumed (a document, a session's index rebuilt)
 # every connection's limits, where the dsn does not set its own
 CONNECTION = {
     "connect_timeout": str(CONNECT_SECONDS),
@@ -484,6 +485,7 @@ class PgSearchIndex(IndexCalls):
         self.recovered_from = None  # nothing is moved aside: the database keeps its own integrity
         self.path = None
         self._vacuuming: threading.Thread | None = None
+        self._written = 0  # postings committed since the last vacuum began (`VACUUM_AFTER`)
         self._vacuum_lock = threading.Lock()
         self._vacuum_again = False
         self.db = PgDatabase(dsn, schema)
@@ -544,6 +546,7 @@ class PgSearchIndex(IndexCalls):
                         postings.append((term, order, key, *values, hits, length))
                 self.db.copy(f"COPY {self.table} ({cols}) FROM STDIN", docs)
                 self.db.copy(f"COPY {self.table}_terms ({term_cols}) FROM STDIN", postings)
+                self._written += len(postings)
             self._count(*added)
 
     def _count(self, rows: int, tokens: int) -> None:
@@ -563,12 +566,19 @@ class PgSearchIndex(IndexCalls):
 
     @contextmanager
     def transaction(self, bulk: bool = False, key: str = "") -> Iterator[None]:
-        """One transaction; `bulk` (a document's ingest) vacuums the postings after its commit."""
+        """One transaction; after its commit, a large write's postings are vacuumed (`_vacuum_soon`)."""
         with self.lock, self.db.transaction():
             if key:  # every replica's transaction of the same key waits for this one's commit
                 self.db.hold(f"{self.db.schema}.{self.table}:{key}")
             yield
-        if bulk:
+        self._after_commit()
+
+    def _after_commit(self) -> None:
+        with self.lock:
+            due = self._written >= VACUUM_AFTER
+            if due:
+                self._written = 0
+        if due:
             self._vacuum_soon()
 
     def _vacuum_soon(self) -> None:
@@ -606,6 +616,7 @@ class PgSearchIndex(IndexCalls):
         with self.lock, self.db.transaction():
             self.db.hold(f"{self.db.schema}.{self.table}")
             yield
+        self._after_commit()
 
     def search(self, query: str, limit: int = 10, match: Mapping[str, object] | None = None) -> list[Hit]:
         terms = [_folded(t) for t in query_terms(query)]

@@ -244,6 +244,12 @@ class Stats:
         finally:
             db.close()
 
+    def close(self) -> None:
+        """Let go of the PostgreSQL backend's connection pool (after the last `flush`)."""
+        if self._pg is not None:
+            self._pg.close()
+            self._pg = None
+
     def session_line(self, session_id: str) -> str:
         """One line for `context_status`: this connection's figures since the gateway started."""
         t = self.by_session.get(session_id)
