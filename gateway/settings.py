@@ -347,7 +347,7 @@ class GatewaySettings(BaseModel):
     )
     exact_tokens: bool = Field(
         True,
-        description="count tokens with the real tokenizers (loaded in the background, ~150 MB for auto, "
+        description="count tokens with the real tokenizers (loaded in the background, ~130 MB for auto, "
         "35-65 MB for one family); false = the built-in estimate only, which leans higher",
     )
     max_response_size: int = Field(1048576, description="results above this many bytes go to a file")

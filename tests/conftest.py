@@ -81,7 +81,7 @@ def write_config(
     """A gateway TOML: `[gateway]` keys, `[plugins.<name>]` tables and `[servers.*]`."""
     gateway.setdefault("workspace", str(tmp_path / "ws"))
     gateway.setdefault("plugins", [])
-    # a gateway process loads the real tokenizers (~0.6 s of CPU, ~150 MB) from its first long text: the
+    # a gateway process loads the real tokenizers (~0.6 s of CPU, ~130 MB) from its first long text: the
     # hundreds of short-lived ones here count with the built-in estimate unless a test asks otherwise
     gateway.setdefault("exact_tokens", False)
     llm = gateway.pop("llm", {"base_url": "http://127.0.0.1:9/v1"})  # nothing listens: no calibration
