@@ -138,8 +138,12 @@ class _Pools:
         with self._lock:
             pool, users = self._pools.get(dsn, (None, 0))
             if pool is None:
+                try:
+                    params = _params(dsn)
+                except psycopg.Error as exc:  # a dsn that is not one
+                    raise _unreachable(exc) from None
                 pool = ConnectionPool(
-                    kwargs=_params(dsn) | {"autocommit": True},
+                    kwargs=params | {"autocommit": True},
                     min_size=0,  # connections are made when needed and closed when idle
                     max_size=POOL_SIZE,
                     timeout=POOL_WAIT_SECONDS,
