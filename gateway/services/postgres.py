@@ -42,13 +42,15 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.types.json import Jsonb
-from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from gateway.services.search_index import Hit, IndexCalls, _row, query_terms
 from gateway.services.storage_error import StorageError
 from gateway.services.text import CJK_CLASS
 
 log = logging.getLogger("gateway.postgres")
+# the pool's own warnings repeat each failed connection attempt; a call that gets none says why itself
+logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
 
 K1, B = 1.2, 0.75  # FTS5's bm25 constants
 WEIGHTS = (1.0, 0.6)  # body, extra: as `SearchIndex.search` weighs them
@@ -61,8 +63,10 @@ ANSWER_SECONDS = STATEMENT_SECONDS + 3  # the client's own limit: a stopped serv
 BATCH = 500  # rows per executemany round trip, each within its own limit
 POOL_SIZE = 8  # connections per process and dsn: one per thread that needs one at a time
 POOL_WAIT_SECONDS = CONNECT_SECONDS + 1  # a call waits this long for a connection, then fails saying so
+FIRST_WAIT_SECONDS = 0.5  # after this, whether the server refuses is asked directly
 POOL_IDLE_SECONDS = 60.0
 VACUUM_SECONDS = 300
+BACKFILL_BATCH = 500  # old rows given postings per transaction (`PgSearchIndex._backfill`)
 VACUUM_AFTER = 20_000  # postings written: then the table is vacuumed (a document, a session's index rebuilt)
 # every connection's limits, where the dsn does not set its own
 CONNECTION = {
@@ -77,12 +81,20 @@ _CJK_ONE = re.compile(f"^[{CJK_CLASS}]$")  # a one-character CJK term matches as
 
 
 def fts_tokens(text: str) -> list[str]:
-    """The tokens SQLite's FTS5 makes of a text (unicode61, diacritics removed, `_` a token character)."""
+    """The tokens SQLite's FTS5 makes of a text (unicode61, diacritics removed, `_` a token character).
+    unicode61 takes diacritics off Latin letters only (é, ñ, ắ, a lone combining accent): Greek tonos,
+    Cyrillic ё, Japanese voicing (が), full-width letters and ligatures stay as they are."""
     folded = text.lower()
-    if not folded.isascii():
-        folded = "".join(c for c in unicodedata.normalize("NFKD", folded) if not unicodedata.combining(c))
-        folded = unicodedata.normalize("NFC", folded)
+    if not folded.isascii() and _LATIN_MARKED.search(folded):
+        folded = _LATIN_MARKED.sub(_unmarked, folded)
     return _TOKEN.findall(folded)
+
+
+_LATIN_MARKED = re.compile("[\u00c0-\u024f\u1e00-\u1eff\u0300-\u036f]")
+
+
+def _unmarked(match: re.Match[str]) -> str:
+    return "".join(c for c in unicodedata.normalize("NFD", match.group()) if not unicodedata.combining(c))
 
 
 _HASHED = re.compile(r"_[0-9a-f]{8}$")  # how a shortened name ends
@@ -230,8 +242,13 @@ STALLED = (
 def _storage_error(exc: psycopg.Error, watch: _Watch | None = None) -> StorageError:
     """What a failed statement tells the caller: a stall, a lock held elsewhere, a conflict with another
     writer, or the database's own words."""
-    if (watch is not None and watch.fired) or isinstance(exc, psycopg.errors.QueryCanceled):
+    if watch is not None and watch.fired:
         return StorageError(STALLED)
+    if isinstance(exc, psycopg.errors.QueryCanceled):
+        return StorageError(
+            f"PostgreSQL cancelled a statement that ran over {STATEMENT_SECONDS} s (a database under heavy load, "
+            "or more data than one call should touch); try again"
+        )
     if isinstance(exc, psycopg.errors.LockNotAvailable):
         return StorageError(
             f"PostgreSQL: what this call needs stayed locked by another connection for over {LOCK_SECONDS} s "
@@ -290,13 +307,22 @@ class PgDatabase:
     def _borrowed(self, fresh: bool = False) -> Iterator[psycopg.Connection[Any]]:
         """A connection of the pool, pointed at this schema. `fresh`: after one the server dropped, the
         pool's idle connections are checked first (a restart dropped them all)."""
-        if fresh:
-            self.pool.check()
         try:
-            cm = self.pool.connection()
-            conn = cm.__enter__()
+            if fresh:
+                self.pool.check()
+            try:
+                # a short wait first: a database that refuses is said at once, not after the whole wait
+                cm = self.pool.connection(timeout=FIRST_WAIT_SECONDS)
+                conn = cm.__enter__()
+            except PoolTimeout:
+                if self.pool.pop_stats().get("connections_errors"):  # the pool failed to connect: why?
+                    self._refused()
+                cm = self.pool.connection(timeout=POOL_WAIT_SECONDS - FIRST_WAIT_SECONDS)
+                conn = cm.__enter__()
         except PoolTimeout:
             raise self._no_connection() from None
+        except PoolClosed:
+            raise StorageError("PostgreSQL: this store was closed (the gateway is stopping)") from None
         try:
             if getattr(conn, "_ctx_schema", None) != self.schema:
                 with WATCHDOG.watch(conn) as watch:
@@ -311,12 +337,19 @@ class PgDatabase:
             raise
         cm.__exit__(None, None, None)
 
-    def _no_connection(self) -> StorageError:
-        """Why the pool had no connection to give: the server's own words when it refuses, else the wait."""
+    def _refused(self) -> None:
+        """Raise what the server says when it refuses a connection now (down, no such database)."""
         try:
             psycopg.connect(**_params(self.dsn), autocommit=True).close()
         except psycopg.Error as exc:
-            return _unreachable(exc)
+            raise _unreachable(exc) from None
+
+    def _no_connection(self) -> StorageError:
+        """Why the pool had no connection to give: the server's own words when it refuses, else the wait."""
+        try:
+            self._refused()
+        except StorageError as refused:
+            return refused
         return StorageError(
             f"PostgreSQL: no connection free within {POOL_WAIT_SECONDS} s ({POOL_SIZE} in use by this gateway); "
             "try again"
@@ -517,18 +550,23 @@ class PgSearchIndex(IndexCalls):
     def _backfill(self) -> None:
         """Postings for rows an earlier version wrote with only their `tsvector` (its weights are the columns)."""
         cols = "".join(f", d.{c}" for c in self.columns)
-        with self.lock, self.db.transaction():
-            self.db.hold(f"{self.db.schema}.{self.table}")
-            if self.db.execute(f"SELECT 1 FROM {self.table} WHERE tsv IS NOT NULL LIMIT 1").fetchone() is None:
+        t = self.table
+        # in batches, each its own transaction within the statement timeout (an old store may be large);
+        # a batch's rows lose their vector as their postings are written, so an interrupted one goes on
+        while True:
+            with self.lock, self.db.transaction():
+                self.db.hold(f"{self.db.schema}.{t}")
+                done = self.db.execute(
+                    f"WITH o AS MATERIALIZED (SELECT ctid, nextval('{t}_order') AS row FROM {t} "
+                    f"WHERE tsv IS NOT NULL LIMIT {BACKFILL_BATCH}), "
+                    f"p AS (INSERT INTO {t}_terms (term, row, key{cols.replace('d.', '')}, hits, length) "
+                    f"SELECT u.lexeme, o.row, d.key{cols}, (SELECT sum(CASE w WHEN 'A' THEN {WEIGHTS[0]} "
+                    f"ELSE {WEIGHTS[1]} END) FROM unnest(u.weights) w), d.body_tokens + d.extra_tokens "
+                    f"FROM o JOIN {t} d ON d.ctid = o.ctid, unnest(d.tsv) u) "
+                    f"UPDATE {t} SET tsv = NULL WHERE ctid IN (SELECT ctid FROM o)"
+                ).rowcount
+            if done < BACKFILL_BATCH:
                 return
-            self.db.execute(
-                f"INSERT INTO {self.table}_terms (term, row, key{cols.replace('d.', '')}, hits, length) "
-                f"SELECT u.lexeme, o.row, d.key{cols}, (SELECT sum(CASE w WHEN 'A' THEN {WEIGHTS[0]} "
-                f"ELSE {WEIGHTS[1]} END) FROM unnest(u.weights) w), d.body_tokens + d.extra_tokens "
-                f"FROM (SELECT ctid, nextval('{self.table}_order') AS row FROM {self.table} WHERE tsv IS NOT NULL) o "
-                f"JOIN {self.table} d ON d.ctid = o.ctid, unnest(d.tsv) u"
-            )
-            self.db.execute(f"UPDATE {self.table} SET tsv = NULL WHERE tsv IS NOT NULL")
 
     def insert(self, rows: Iterable[tuple[Any, ...]]) -> None:
         cols = ", ".join(["key", *self.columns, "body", "extra", "body_tokens", "extra_tokens"])
@@ -594,25 +632,24 @@ class PgSearchIndex(IndexCalls):
             self._vacuum_again = True  # a write committed since the running vacuum began: once more after it
             if self._vacuuming is not None:
                 return
-
-        def vacuum() -> None:
-            while True:
-                with self._vacuum_lock:
-                    if not self._vacuum_again:
-                        self._vacuuming = None
-                        return
-                    self._vacuum_again = False
-                # a connection of its own: a vacuum may take longer than a statement may
-                try:
-                    with connect(self.db.dsn) as conn:
-                        conn.execute(f"SET statement_timeout = {VACUUM_SECONDS * 1000}")
-                        conn.execute(f'VACUUM (ANALYZE) "{self.db.schema}".{self.table}_terms')
-                except (StorageError, psycopg.Error) as exc:
-                    log.debug("vacuum of %s_terms after a large write: %s", self.table, exc)
-
-        with self._vacuum_lock:
-            self._vacuuming = threading.Thread(target=vacuum, name="postings-vacuum", daemon=True)
+            self._vacuuming = threading.Thread(target=self._vacuum, name="postings-vacuum", daemon=True)
             self._vacuuming.start()
+
+    def _vacuum(self) -> None:
+        """The vacuum thread: once, and once more for each write committed meanwhile."""
+        while True:
+            with self._vacuum_lock:
+                if not self._vacuum_again:
+                    self._vacuuming = None
+                    return
+                self._vacuum_again = False
+            # a connection of its own: a vacuum may take longer than a statement may
+            try:
+                with connect(self.db.dsn) as conn:
+                    conn.execute(f"SET statement_timeout = {VACUUM_SECONDS * 1000}")
+                    conn.execute(f'VACUUM (ANALYZE) "{self.db.schema}".{self.table}_terms')
+            except (StorageError, psycopg.Error) as exc:
+                log.debug("vacuum of %s_terms after a large write: %s", self.table, exc)
 
     @contextmanager
     def exclusive(self) -> Iterator[None]:

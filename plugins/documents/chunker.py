@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gateway.services.search_index import expand
-from gateway.services.tokens import ESTIMATOR, estimate_tokens
+from gateway.services.tokens import ESTIMATOR, EXACT_FROM, estimate_tokens
 
 if TYPE_CHECKING:
     from markdown_it import MarkdownIt
@@ -125,6 +125,10 @@ def chunk_batches(
     "start over": what came before is void and the whole follows in one batch (a part did not start
     or end where it was cut, or the worker failed after a batch went out).
     """
+    if len(text) >= EXACT_FROM:
+        # one way of counting for the whole document: the real tokenizers now (off the event loop: the
+        # caller's store thread), not from whenever their background load ends, mid-document
+        ESTIMATOR.load_exact()
     if kind == "markdown" and len(text) > parallel_above and (yield from _in_parts(text, size)):
         return
     chunks = chunk_document(text, kind, size)
@@ -218,6 +222,7 @@ def _ready(family: str, exact: bool) -> None:
     """The worker's first task: it imports this module while the caller looks for the cuts, and counts
     tokens as the caller does (its tokenizer family; the real tokenizers if the caller's are loaded)."""
     ESTIMATOR.set_family(family)
+    ESTIMATOR.exact = ESTIMATOR.may_load = exact  # never the tokenizers if the caller does without them
     if exact:
         ESTIMATOR.load_exact()
 

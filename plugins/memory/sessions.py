@@ -259,29 +259,36 @@ class RecallIndex:
 
     def sync(self, session: Session) -> None:
         """Bring the index up to the session's log. Exclusive across processes: two gateways (replicas)
-        following one log never index an entry twice."""
+        following one log never index an entry twice. What the log gained is read before the exclusive
+        transaction begins: on PostgreSQL the log is another store, and reading it inside would need a
+        second connection while this one is held (eight sessions at once took every one of the pool's)."""
         with self._lock:
-            if self._done(session) == session.offset:  # up to date: no write lock taken
+            done = self._done(session)
+            if done == session.offset:  # up to date: no write lock taken
                 return
+            gained = session.log.read(done) if 0 <= done < session.offset else None
             with self.index.exclusive():
-                self._catch_up(session)
+                self._catch_up(session, done, gained)
 
     def _done(self, session: Session) -> int:
         row = self.index.db.execute(self.DONE[self.index.engine], (session.id,)).fetchone()
         return row[0] if row else -1
 
-    def _catch_up(self, session: Session) -> None:
-        """Inside the exclusive transaction: what another process indexed meanwhile is seen here."""
+    def _catch_up(self, session: Session, seen: int, gained: tuple[list[dict[str, Any]], int] | None) -> None:
+        """Inside the exclusive transaction: what another process indexed meanwhile is seen here. `gained`:
+        the log's records after `seen`, read before; they apply only if nobody indexed since."""
         done = self._done(session)
         if done == session.offset:
             return
-        if done < 0 or done > session.offset or not self._incremental(session, done):
+        if done < 0 or done > session.offset or done != seen or not self._incremental(session, gained):
             self.index.delete({"session": session.id})
             self.index.insert((e.id, e.text, (session.id,)) for e in session.active())
         self.index.db.execute(self.MARK[self.index.engine], (session.id, session.offset))
 
-    def _incremental(self, session: Session, start: int) -> bool:
-        records, end = session.log.read(start)
+    def _incremental(self, session: Session, gained: tuple[list[dict[str, Any]], int] | None) -> bool:
+        if gained is None:
+            return False
+        records, end = gained
         if end != session.offset:
             return False
         new = [r for r in records if r.get("type") == "entry" and r.get("id") in session.entries]

@@ -112,3 +112,23 @@ def test_a_lone_surrogate_crosses_to_the_worker_and_back() -> None:
     assert len(got) == 3 and None not in got
     assert joined(got) == one_pass(text)
     assert any("\ud800" in c.text for c in got[2][0])
+
+
+def test_the_worker_counts_as_its_caller_and_never_loads_what_the_caller_does_without() -> None:
+    """A caller counting with the built-in estimate (`exact_tokens = false`, or its tokenizers not
+    loaded): its worker process neither starts loading the real tokenizers at its first long text nor
+    counts with them, so a document's parts are counted one way."""
+    import subprocess
+    import sys
+
+    script = (
+        "import threading\n"
+        "from plugins.documents.chunker import _ready\n"
+        "from gateway.services.tokens import ESTIMATOR\n"
+        "_ready('cl100k', False)\n"
+        "ESTIMATOR.estimate('word ' * 1000)\n"
+        "print(any(t.name == 'tokenizers' for t in threading.enumerate()), ESTIMATOR.exact, ESTIMATOR.family)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "False", "cl100k"]

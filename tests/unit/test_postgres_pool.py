@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
+from typing import Any
 
 import psycopg
+import pytest
 
-from gateway.services.postgres import PgDatabase
+from gateway.services.postgres import POOL_SIZE, PgDatabase, PgLog
+from gateway.services.storage import Storage
+from gateway.services.storage_error import StorageError
+from gateway.settings import StorageSettings
+from plugins.memory.sessions import RecallIndex, Session
 
 
 def _connections(dsn: str) -> int:
@@ -74,3 +81,66 @@ def test_the_pool_closes_with_the_last_store_that_uses_it(postgres_dsn: str) -> 
     while _connections(postgres_dsn) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert _connections(postgres_dsn) == 0
+
+
+def test_sessions_catching_up_at_once_never_need_two_connections_each(postgres_dsn: str, tmp_path: Path) -> None:
+    """As many memory namespaces as the pool has connections bring their recall index up to their log
+    at the same moment. Reading the log inside the index's exclusive transaction took a second
+    connection per thread while the first was held: with every connection held, all of them waited for
+    a ninth and failed after 6 s."""
+    storage = Storage(StorageSettings(backend="postgres", dsn=postgres_dsn))
+    work = []
+    for i in range(POOL_SIZE):
+        logs = storage.logs(tmp_path, "memory", f"ns{i}")
+        index = RecallIndex(
+            storage.search_index(
+                tmp_path / "unused", "memory", f"ns{i}", RecallIndex.TABLE, RecallIndex.COLUMNS, RecallIndex.SCHEMA
+            )
+        )
+        session = Session("s1", logs.log("s1"))
+        session.log.append([{"type": "entry", "id": "e00001", "text": "hello world", "ts": 1.0}])
+        session.refresh()
+        index.sync(session)
+        session.log.append([{"type": "entry", "id": "e00002", "text": "more words", "ts": 2.0}])
+        session.refresh()
+        work.append((index, session))
+    together = threading.Barrier(POOL_SIZE, timeout=30)
+    read = PgLog.read
+    outcomes: list[str] = []
+
+    def read_together(self: PgLog, start: int = 0) -> Any:
+        together.wait()  # every thread is at its log read at once
+        return read(self, start)
+
+    def sync(index: RecallIndex, session: Session) -> None:
+        try:
+            index.sync(session)
+            outcomes.append("ok")
+        except Exception as exc:
+            outcomes.append(f"{type(exc).__name__}: {exc}")
+
+    PgLog.read = read_together  # type: ignore[method-assign]
+    try:
+        threads = [threading.Thread(target=sync, args=w) for w in work]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    finally:
+        PgLog.read = read  # type: ignore[method-assign]
+    assert outcomes == ["ok"] * POOL_SIZE
+    for index, session in work:
+        assert [key for key, _ in index.search(session, "more words", 5)] == ["e00002"]
+        index.index.close()
+
+
+def test_a_call_racing_the_gateways_end_gets_a_storage_error(postgres_dsn: str) -> None:
+    """A writer thread (usage figures, the definitions ledger) whose store's pool was closed at shutdown
+    gets the one error every store call raises, never the pool's own exception."""
+    db = PgDatabase(postgres_dsn, "ctx_pool_test")
+    db.pool.close()
+    with pytest.raises(StorageError, match="closed"):
+        db.execute("SELECT 1")
+    with pytest.raises(StorageError, match="closed"), db.transaction():
+        pass
+    db.close()

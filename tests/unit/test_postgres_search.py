@@ -138,3 +138,33 @@ def test_rows_written_before_the_postings_are_found(tmp_path: Path, postgres_dsn
     assert [h.key for h in pg.search("user name", 5)] == [h.key for h in lite.search("user name", 5)]
     pg.close()
     lite.close()
+
+
+def test_a_large_store_written_before_the_postings_opens_in_batches(tmp_path: Path, postgres_dsn: str) -> None:
+    """Thousands of old rows: their postings are made a few hundred rows per transaction, each within the
+    statement timeout (one statement for all of them was cancelled at 10 s, at every opening)."""
+    import psycopg
+
+    from gateway.services.postgres import BACKFILL_BATCH, schema_name
+
+    rows = 2 * BACKFILL_BATCH + 37
+    schema = schema_name("test", "")
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+        conn.execute(
+            f'CREATE TABLE "{schema}".t (key TEXT, src TEXT, body TEXT, extra TEXT, body_tokens INTEGER, '
+            "extra_tokens INTEGER, tsv TSVECTOR)"
+        )
+        conn.execute(
+            f"INSERT INTO \"{schema}\".t SELECT 'old:' || i, 'notes', 'common word' || i, '', 2, 0, "
+            "('common:1A word' || i || ':2A')::tsvector FROM generate_series(1, %s) i",
+            (rows,),
+        )
+    storage = Storage(StorageSettings(backend="postgres", dsn=postgres_dsn))
+    pg = storage.search_index(tmp_path / "unused.sqlite", "test", "", "t", ("src",))
+    assert [h.key for h in pg.search("word777", 5)] == ["old:777"]
+    assert len(pg.search("common", 2000)) == rows
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        left = conn.execute(f'SELECT count(*) FROM "{schema}".t WHERE tsv IS NOT NULL').fetchone()
+    assert left == (0,)
+    pg.close()
