@@ -660,8 +660,8 @@ class PgSearchIndex(IndexCalls):
         self._after_commit()
 
     def search(self, query: str, limit: int = 10, match: Mapping[str, object] | None = None) -> list[Hit]:
-        terms = [_folded(t) for t in query_terms(query)]
-        terms = list(dict.fromkeys(t for t in terms if len(t) <= MAX_LEXEME))
+        # folded as FTS5 folds them; two query words that fold alike ("café cafe") count twice, as there
+        terms = [t for t in map(_folded, query_terms(query)) if len(t) <= MAX_LEXEME]
         if not terms:
             return []
         where, params = self.condition(match or {}, "%s")
