@@ -109,25 +109,32 @@ def test_a_short_row_that_bm25_ranks_first_is_found_among_a_thousand_longer_ones
     pg.close()
 
 
-def test_rows_written_before_the_postings_are_found(tmp_path: Path, postgres_dsn: str) -> None:
-    """An index an earlier version wrote holds each row's `tsvector` only: opening it makes their postings."""
+def _old_index(dsn: str, rows: str) -> str:
+    """The table an earlier version wrote (a `tsvector` per row, no postings), filled by `rows` (SQL);
+    its schema's name."""
     import psycopg
 
     from gateway.services.postgres import schema_name
 
-    storage = Storage(StorageSettings(backend="postgres", dsn=postgres_dsn))
     schema = schema_name("test", "")
-    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+    with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f'CREATE SCHEMA "{schema}"')
         conn.execute(
             f'CREATE TABLE "{schema}".t (key TEXT, src TEXT, body TEXT, extra TEXT, body_tokens INTEGER, '
             "extra_tokens INTEGER, tsv TSVECTOR)"
         )
-        conn.execute(
-            f'INSERT INTO "{schema}".t VALUES '
-            "('old:1', 'notes', 'getUserName fails', 'get user name', 2, 3, $$'getusername':1A 'fails':2A "
-            "'get':3B 'user':4B 'name':5B$$), ('old:2', 'notes', 'name name', '', 2, 0, $$'name':1A,2A$$)"
-        )
+        conn.execute(f'INSERT INTO "{schema}".t {rows}')
+    return schema
+
+
+def test_rows_written_before_the_postings_are_found(tmp_path: Path, postgres_dsn: str) -> None:
+    """An index an earlier version wrote holds each row's `tsvector` only: opening it makes their postings."""
+    storage = Storage(StorageSettings(backend="postgres", dsn=postgres_dsn))
+    _old_index(
+        postgres_dsn,
+        "VALUES ('old:1', 'notes', 'getUserName fails', 'get user name', 2, 3, $$'getusername':1A 'fails':2A "
+        "'get':3B 'user':4B 'name':5B$$), ('old:2', 'notes', 'name name', '', 2, 0, $$'name':1A,2A$$)",
+    )
     pg = storage.search_index(tmp_path / "unused.sqlite", "test", "", "t", ("src",))
     lite = SearchIndex(tmp_path / "s.sqlite", table="t", columns=("src",))
     lite.add([("old:1", "getUserName fails", ("notes",)), ("old:2", "name name", ("notes",))])
@@ -145,21 +152,14 @@ def test_a_large_store_written_before_the_postings_opens_in_batches(tmp_path: Pa
     statement timeout (one statement for all of them was cancelled at 10 s, at every opening)."""
     import psycopg
 
-    from gateway.services.postgres import BACKFILL_BATCH, schema_name
+    from gateway.services.postgres import BACKFILL_BATCH
 
     rows = 2 * BACKFILL_BATCH + 37
-    schema = schema_name("test", "")
-    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{schema}"')
-        conn.execute(
-            f'CREATE TABLE "{schema}".t (key TEXT, src TEXT, body TEXT, extra TEXT, body_tokens INTEGER, '
-            "extra_tokens INTEGER, tsv TSVECTOR)"
-        )
-        conn.execute(
-            f"INSERT INTO \"{schema}\".t SELECT 'old:' || i, 'notes', 'common word' || i, '', 2, 0, "
-            "('common:1A word' || i || ':2A')::tsvector FROM generate_series(1, %s) i",
-            (rows,),
-        )
+    schema = _old_index(
+        postgres_dsn,
+        "SELECT 'old:' || i, 'notes', 'common word' || i, '', 2, 0, ('common:1A word' || i || ':2A')::tsvector "
+        f"FROM generate_series(1, {rows}) i",
+    )
     storage = Storage(StorageSettings(backend="postgres", dsn=postgres_dsn))
     pg = storage.search_index(tmp_path / "unused.sqlite", "test", "", "t", ("src",))
     assert [h.key for h in pg.search("word777", 5)] == ["old:777"]
