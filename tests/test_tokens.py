@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -91,33 +92,39 @@ print(first, rough, est.estimate(long_text), est.estimate(short))
 
 @pytest.mark.anyio
 async def test_a_gateway_process_counts_with_the_real_tokenizers_after_its_first_long_result(tmp_path: Path) -> None:
-    """A gateway as a host starts it, with the default settings: its first long result is counted with
-    the built-in estimate and starts the tokenizers' load in the background; later figures are the real
-    counts (`context_status` says which). With `exact_tokens = false` they never load."""
+    """Two gateways as a host starts them, side by side: with the default settings the first long result
+    is counted with the built-in estimate and starts the tokenizers' load in the background, and later
+    figures are the real counts (`context_status` says which); with `exact_tokens = false`, given the
+    same result at the same moment, they still are not by then, nor half a second later."""
     from conftest import ok, stdio_gateway, write_config
 
-    for exact in (True, False):
-        config = write_config(tmp_path, {"probe": probe()}, plugins=["memory"], exact_tokens=exact)
-        async with stdio_gateway(config, tmp_path / "err.log") as session:
+    def config(name: str, exact: bool) -> Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        return write_config(folder, {"probe": probe()}, plugins=["memory"], exact_tokens=exact)
+
+    async def counted(session: Any) -> bool:
+        status = await ok(session, "context_status", {"session_id": "s"})
+        if "counted for the widest common tokenizer" in status["token_counts"]:
+            return True
+        assert "built-in estimate" in status["token_counts"]
+        return False
+
+    long_result = {"text": "a tool result well over EXACT_FROM characters " * 40}
+    async with (
+        stdio_gateway(config("exact", True), tmp_path / "exact.log") as exact,
+        stdio_gateway(config("estimate", False), tmp_path / "estimate.log") as estimate,
+    ):
+        for session in (exact, estimate):
             await session.list_tools()
-            await session.call_tool("probe__echo", {"text": "a tool result well over EXACT_FROM characters " * 40})
-            status: dict = {}
-
-            async def counted(status: dict = status) -> bool:
-                status.update(await ok(session, "context_status", {"session_id": "s"}))
-                return "counted for the widest common tokenizer" in status["token_counts"]
-
-            if exact:
-                started = time.monotonic()
-                with anyio.fail_after(30):
-                    while not await counted():
-                        await anyio.sleep(0.1)
-                took = time.monotonic() - started
-            else:  # watched for as long as the load took above, and a second more
-                until = time.monotonic() + took + 1
-                while time.monotonic() < until:
-                    assert not await counted() and "built-in estimate" in status["token_counts"]
-                    await anyio.sleep(0.1)
+            await session.call_tool("probe__echo", long_result)
+        with anyio.fail_after(30):
+            while not await counted(exact):
+                await anyio.sleep(0.1)
+        until = time.monotonic() + 0.5
+        while time.monotonic() < until:
+            assert not await counted(estimate)
+            await anyio.sleep(0.1)
 
 
 def test_a_lone_surrogate_is_counted_by_the_real_tokenizers() -> None:
