@@ -45,6 +45,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from gateway.services.search_index import Hit, IndexCalls, _row, query_terms
+from gateway.services.shares import STORE_THREADS
 from gateway.services.storage_error import StorageError
 from gateway.services.text import CJK_CLASS
 
@@ -61,7 +62,9 @@ LOCK_SECONDS = 5  # a lock another connection holds longer fails the statement (
 CONNECT_SECONDS = 5
 ANSWER_SECONDS = STATEMENT_SECONDS + 3  # the client's own limit: a stopped server cancels nothing
 BATCH = 500  # rows per executemany round trip, each within its own limit
-POOL_SIZE = 8  # connections per process and dsn: one per thread that needs one at a time
+# connections per process and dsn: one for each store thread (whose shares keep callers fair) and the
+# usage and definitions writers, so no caller waits for a connection another caller's share holds
+POOL_SIZE = STORE_THREADS + 2
 POOL_WAIT_SECONDS = CONNECT_SECONDS + 1  # a call waits this long for a connection, then fails saying so
 FIRST_WAIT_SECONDS = 0.5  # after this, whether the server refuses is asked directly
 POOL_IDLE_SECONDS = 60.0

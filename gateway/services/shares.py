@@ -126,9 +126,12 @@ def pool(name: str, total: int, per_caller: int, noun: str, **waits: float) -> P
     return found
 
 
+STORE_THREADS = 16  # `store_pool`'s threads: PostgreSQL's connection pool has one for each of them
+
+
 def store_pool() -> Pool:
     """Database and file-store work of the memory and document tools (SQLite, PostgreSQL, logs)."""
-    return pool("store", total=16, per_caller=4, noun="memory and document calls")
+    return pool("store", total=STORE_THREADS, per_caller=4, noun="memory and document calls")
 
 
 def ingest_pool() -> Pool:

@@ -259,9 +259,10 @@ class RecallIndex:
 
     def sync(self, session: Session) -> None:
         """Bring the index up to the session's log. Exclusive across processes: two gateways (replicas)
-        following one log never index an entry twice. What the log gained is read before the exclusive
-        transaction begins: on PostgreSQL the log is another store, and reading it inside would need a
-        second connection while this one is held (eight sessions at once took every one of the pool's)."""
+                following one log never index an entry twice. What the log gained is read before the exclusive
+                transaction begins: on PostgreSQL the log is another store, and reading it inside would need a
+                second connection while this one is held (as many sessions at once as the pool has connections held
+        every one of them, each waiting for one more)."""
         with self._lock:
             done = self._done(session)
             if done == session.offset:  # up to date: no write lock taken

@@ -74,7 +74,7 @@ def test_the_pool_closes_with_the_last_store_that_uses_it(postgres_dsn: str) -> 
     stores = [PgDatabase(postgres_dsn, f"ctx_pool_{i}") for i in range(3)]
     for db in stores:
         db.execute("SELECT 1")
-    assert 1 <= _connections(postgres_dsn) <= 8
+    assert 1 <= _connections(postgres_dsn) <= POOL_SIZE
     for db in stores:
         db.close()
     deadline = time.monotonic() + 10  # a server process ends a moment after its client hung up
@@ -87,7 +87,7 @@ def test_sessions_catching_up_at_once_never_need_two_connections_each(postgres_d
     """As many memory namespaces as the pool has connections bring their recall index up to their log
     at the same moment. Reading the log inside the index's exclusive transaction took a second
     connection per thread while the first was held: with every connection held, all of them waited for
-    a ninth and failed after 6 s."""
+    one more and failed after 6 s."""
     storage = Storage(StorageSettings(backend="postgres", dsn=postgres_dsn))
     work = []
     for i in range(POOL_SIZE):
