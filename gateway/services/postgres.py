@@ -264,6 +264,19 @@ def _storage_error(exc: psycopg.Error, watch: _Watch | None = None) -> StorageEr
     return StorageError(f"PostgreSQL: {_first_line(exc)}")
 
 
+CLOSED = "PostgreSQL: this store was closed (the gateway is stopping)"
+
+
+@contextmanager
+def _told(conn: psycopg.Connection[Any]) -> Iterator[_Watch]:
+    """Statements on `conn` under the watchdog; a failure becomes a `StorageError` saying what to check."""
+    with WATCHDOG.watch(conn) as watch:
+        try:
+            yield watch
+        except psycopg.Error as exc:
+            raise _storage_error(exc, watch) from None
+
+
 class Result:
     """What a statement returned, read before its connection went back to the pool."""
 
@@ -294,14 +307,10 @@ class PgDatabase:
         self.pool = POOLS.take(dsn)
         self._closed = False
         try:
-            with self._borrowed() as conn, WATCHDOG.watch(conn) as watch:
-                try:
-                    with conn.transaction():
-                        # two replicas starting at once: one creates the schema, the other waits for it
-                        conn.execute(LOCK, (f"schema:{schema}",))
-                        conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
-                except psycopg.Error as exc:
-                    raise _storage_error(exc, watch) from None
+            with self._borrowed() as conn, _told(conn), conn.transaction():
+                # two replicas starting at once: one creates the schema, the other waits for it
+                conn.execute(LOCK, (f"schema:{schema}",))
+                conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
         except BaseException:
             self.close()
             raise
@@ -325,14 +334,11 @@ class PgDatabase:
         except PoolTimeout:
             raise self._no_connection() from None
         except PoolClosed:
-            raise StorageError("PostgreSQL: this store was closed (the gateway is stopping)") from None
+            raise StorageError(CLOSED) from None
         try:
             if getattr(conn, "_ctx_schema", None) != self.schema:
-                with WATCHDOG.watch(conn) as watch:
-                    try:
-                        conn.execute(f'SET search_path TO "{self.schema}"')
-                    except psycopg.Error as exc:
-                        raise _storage_error(exc, watch) from None
+                with _told(conn):
+                    conn.execute(f'SET search_path TO "{self.schema}"')
                 conn._ctx_schema = self.schema  # type: ignore[attr-defined]
             yield conn
         except BaseException as exc:
@@ -361,28 +367,20 @@ class PgDatabase:
     def _run(self, work: Callable[[psycopg.Connection[Any]], Any]) -> Any:
         """`work(conn)` on this thread's transaction's connection, or on one borrowed for it alone."""
         if self._closed:
-            raise StorageError("PostgreSQL: this store was closed (the gateway is stopping)")
+            raise StorageError(CLOSED)
         held = getattr(self._held, "conn", None)
         if held is not None:
-            with WATCHDOG.watch(held) as watch:
-                try:
-                    return work(held)
-                except psycopg.Error as exc:
-                    raise _storage_error(exc, watch) from None
+            with _told(held):
+                return work(held)
         with self._borrowed() as conn, WATCHDOG.watch(conn) as watch:
             try:
                 return work(conn)
             except psycopg.Error as exc:
-                failed, broken = exc, conn.broken
-        # a connection the server dropped between statements (a restart, a failover): once more on a
-        # new one; never one that stalled (it would wait as long again)
-        if not isinstance(failed, psycopg.OperationalError) or not broken or watch.fired:
+                failed, dropped = exc, _dropped(exc, conn, watch)
+        if not dropped:
             raise _storage_error(failed, watch)
-        with self._borrowed(fresh=True) as conn, WATCHDOG.watch(conn) as watch:
-            try:
-                return work(conn)
-            except psycopg.Error as exc:
-                raise _storage_error(exc, watch) from None
+        with self._borrowed(fresh=True) as conn, _told(conn):
+            return work(conn)
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Result:
         def run(conn: psycopg.Connection[Any]) -> Result:
@@ -429,46 +427,64 @@ class PgDatabase:
         """A transaction on a connection this thread holds until it ends (a savepoint inside another)."""
         held = getattr(self._held, "conn", None)
         if held is not None:
-            with self._watched_transaction(held):
+            with _told(held):
+                tx = held.transaction()
+                tx.__enter__()
+            with self._ended(held, tx):
                 yield
             return
         if self._closed:
-            raise StorageError("PostgreSQL: this store was closed (the gateway is stopping)")
-        with self._borrowed() as conn:
-            if conn.broken:
-                raise StorageError("PostgreSQL: the connection was lost; try again")
-            self._held.conn = conn
-            try:
-                with self._watched_transaction(conn):
-                    yield
-            finally:
-                self._held.conn = None
+            raise StorageError(CLOSED)
+        borrowed, conn, tx = self._begin()
+        self._held.conn = conn
+        try:
+            with self._ended(conn, tx):
+                yield
+        finally:
+            self._held.conn = None
+            borrowed.__exit__(None, None, None)  # the transaction has ended either way
+
+    def _begin(self) -> tuple[Any, psycopg.Connection[Any], psycopg.Transaction]:
+        """A borrowed connection (its context manager) with a transaction begun on it: on a new one when
+        the server dropped the first since its last use (a restart, a failover), as `_run` does."""
+        fresh = False
+        while True:
+            borrowed = self._borrowed(fresh)
+            conn = borrowed.__enter__()
+            with WATCHDOG.watch(conn) as watch:
+                try:
+                    tx = conn.transaction()
+                    tx.__enter__()
+                    return borrowed, conn, tx
+                except psycopg.Error as exc:
+                    failed, dropped = exc, _dropped(exc, conn, watch)
+            borrowed.__exit__(None, None, None)
+            if not dropped or fresh:
+                raise _storage_error(failed, watch)
+            fresh = True
 
     @contextmanager
-    def _watched_transaction(self, conn: psycopg.Connection[Any]) -> Iterator[None]:
-        """`conn.transaction()` whose begin and commit (or rollback) are watched and told as `StorageError`."""
-        with WATCHDOG.watch(conn) as watch:
-            try:
-                tx = conn.transaction()
-                tx.__enter__()
-            except psycopg.Error as exc:
-                raise _storage_error(exc, watch) from None
+    def _ended(self, conn: psycopg.Connection[Any], tx: psycopg.Transaction) -> Iterator[None]:
+        """The block of a begun transaction, then its commit (or its rollback), told as `StorageError`."""
         try:
             yield
         except BaseException as exc:
             with contextlib.suppress(psycopg.Error), WATCHDOG.watch(conn):  # the block's own error is the one to tell
                 tx.__exit__(type(exc), exc, exc.__traceback__)
             raise
-        with WATCHDOG.watch(conn) as watch:
-            try:
-                tx.__exit__(None, None, None)  # the commit
-            except psycopg.Error as exc:
-                raise _storage_error(exc, watch) from None
+        with _told(conn):
+            tx.__exit__(None, None, None)  # the commit
 
     def close(self) -> None:
         if not self._closed:
             self._closed = True
             POOLS.give_back(self.dsn)
+
+
+def _dropped(exc: psycopg.Error, conn: psycopg.Connection[Any], watch: _Watch) -> bool:
+    """Whether a statement failed because the server dropped its connection between statements (worth
+    once more on a new one), not because it stalled (it would wait as long again) or refused it."""
+    return isinstance(exc, psycopg.OperationalError) and conn.broken and not watch.fired
 
 
 def _said(exc: BaseException) -> str:

@@ -144,3 +144,19 @@ def test_a_call_racing_the_gateways_end_gets_a_storage_error(postgres_dsn: str) 
     with pytest.raises(StorageError, match="closed"), db.transaction():
         pass
     db.close()
+
+
+def test_a_transaction_after_the_server_dropped_its_connection_begins_on_a_new_one(postgres_dsn: str) -> None:
+    """The server ends the pooled connection between two calls (a restart, a failover, an operator): the
+    next transaction begins on a new connection instead of failing on the dead one."""
+    db = PgDatabase(postgres_dsn, "ctx_pool_test")
+    db.execute("CREATE TABLE t (n INTEGER)")
+    with psycopg.connect(postgres_dsn, autocommit=True) as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+    with db.transaction():
+        db.execute("INSERT INTO t VALUES (1)")
+    assert db.execute("SELECT count(*) FROM t").fetchone() == (1,)
+    db.close()
