@@ -64,8 +64,7 @@ async def run_demo(settings: Settings, temporary: bool = False) -> int:
     print(
         f"mcp-context-gateway demo — the gateway runs as a host would start it (stdio child process)\n  config: {where}"
     )
-    ESTIMATOR.set_family(settings.gateway.tokenizer)
-    ESTIMATOR.may_load = settings.gateway.exact_tokens
+    ESTIMATOR.configure(settings.gateway.tokenizer, settings.gateway.exact_tokens)
     await anyio.to_thread.run_sync(ESTIMATOR.load_exact)  # what the model got, counted as the gateway counts
     env = {k: v for k, v in os.environ.items() if k.startswith("CTX_") or k in ("PYTHONPATH",)}
     with tempfile.TemporaryFile() as errlog:

@@ -106,8 +106,7 @@ def _wrapped(text: str) -> str:
 def cmd_inspect(settings: Settings, verbose: bool = False) -> int:
     # the table reports every failed start; the restart warnings would only repeat it
     logging.getLogger("gateway.upstream").setLevel(logging.ERROR)
-    ESTIMATOR.set_family(settings.gateway.tokenizer)
-    ESTIMATOR.may_load = settings.gateway.exact_tokens
+    ESTIMATOR.configure(settings.gateway.tokenizer, settings.gateway.exact_tokens)
     ESTIMATOR.load_exact()  # its figures are read once: the real tokenizers' counts, not the estimate before them
     report, status = anyio.run(inspect_report, settings, verbose)
     print(report)

@@ -137,8 +137,8 @@ class Gateway:
         self._closing = anyio.Event()
         self._list_costs: dict[tuple[Any, ...], tuple[int, int]] = {}  # listing -> (tokens shown, kept out)
         self.llm = ModelEndpoint(settings.llm, workspace)
-        self.llm.tokens.set_family(settings.gateway.tokenizer)  # the one estimator every figure uses
-        self.llm.tokens.may_load = settings.gateway.exact_tokens
+        # the one estimator every figure uses
+        self.llm.tokens.configure(settings.gateway.tokenizer, settings.gateway.exact_tokens)
         # a host's statusline figure applies to the gateways that host started (stdio); HTTP serves many hosts
         host = process_tree.host_pid() if settings.gateway.transport == "stdio" else None
         self.window = ContextWindow(settings, self.llm, HostBridge(host))

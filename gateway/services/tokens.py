@@ -118,6 +118,12 @@ class TokenEstimator:
         self.family = family
         self._exact_families = AUTO_EXACT if family == "auto" else (family,)
 
+    def configure(self, family: str, may_load: bool) -> None:
+        """Count for `family` (`[gateway] tokenizer`); `may_load`: whether the real tokenizers may be
+        loaded for it (`[gateway] exact_tokens`)."""
+        self.set_family(family)
+        self.may_load = may_load
+
     def load_exact(self) -> bool:
         """Load this family's real tokenizers now (commands that count before they answer); whether they are."""
         return self.exact and self.may_load and tokenizers.load(self._exact_families) is not None

@@ -221,8 +221,8 @@ def _worker_part(path: str, size: int) -> str:
 def _ready(family: str, exact: bool) -> None:
     """The worker's first task: it imports this module while the caller looks for the cuts, and counts
     tokens as the caller does (its tokenizer family; the real tokenizers if the caller's are loaded)."""
-    ESTIMATOR.set_family(family)
-    ESTIMATOR.exact = ESTIMATOR.may_load = exact  # never the tokenizers if the caller does without them
+    ESTIMATOR.configure(family, exact)
+    ESTIMATOR.exact = exact  # never the tokenizers if the caller does without them
     if exact:
         ESTIMATOR.load_exact()
 
