@@ -77,8 +77,7 @@ def main(count: int, repeat: int) -> None:
             with index.transaction(bulk=True):
                 index.insert(rows[start : start + 5000])
         took = time.perf_counter() - t
-        while (vacuuming := getattr(index, "_vacuuming", None)) is not None:  # PostgreSQL's, in the background
-            vacuuming.join()
+        index.settle()  # PostgreSQL vacuums what was written, in the background
         print(f"ingest, {name}: {took:.1f} s (and {time.perf_counter() - t - took:.1f} s of vacuum after it)")
     out = [["query", "src =", "FTS5 p50", "PostgreSQL p50", "ratio", "top 10 agree"]]
     ratios = []

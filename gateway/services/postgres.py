@@ -722,6 +722,11 @@ class PgSearchIndex(IndexCalls):
             found = self.db.execute(sql, args).fetchall()
         return [Hit(key, float(score)) for key, score in found]
 
+    def settle(self) -> None:
+        """The vacuum after a large write, done (it runs once more for each write committed meanwhile)."""
+        while (vacuuming := self._vacuuming) is not None:
+            vacuuming.join()
+
     def close(self) -> None:
         vacuuming = self._vacuuming
         if vacuuming is not None:

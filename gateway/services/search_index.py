@@ -177,6 +177,9 @@ class IndexCalls:
         with self.transaction():
             self.insert(rows)
 
+    def settle(self) -> None:
+        """Wait for the background work a large write started (benches measure what follows it)."""
+
     def delete(self, match: Mapping[str, object]) -> None:
         """The rows whose columns equal `match`'s values; every row when it is empty."""
         where, params = self.condition(match, "?")
@@ -316,8 +319,12 @@ class SearchIndex(IndexCalls):
             rows = self.db.execute(sql, (match_expression(terms), *params, limit)).fetchall()
         return [Hit(key, score) for key, score in rows]
 
-    def close(self) -> None:
+    def settle(self) -> None:
+        """The checkpoint after a bulk commit, done."""
         if self._checkpointing is not None:
             self._checkpointing.join()
+
+    def close(self) -> None:
+        self.settle()
         with self.lock:
             self.db.close()
