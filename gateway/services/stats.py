@@ -36,7 +36,7 @@ KEEP_DAYS = 90
 PERIODS = {"day": 86_400.0, "week": 7 * 86_400.0, "all": None}
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS calls (
-    ts REAL NOT NULL,
+    ts {time} NOT NULL,
     session TEXT NOT NULL,
     server TEXT NOT NULL,        -- upstream name, or "gateway" for the gateway's own tools
     tool TEXT NOT NULL,          -- the upstream's own tool name, the gateway tool's name, or "tools/list"
@@ -46,13 +46,13 @@ CREATE TABLE IF NOT EXISTS calls (
     tokens_returned INTEGER NOT NULL,
     tokens_saved INTEGER NOT NULL,
     saved_by TEXT NOT NULL,      -- offload | catalog | ""
-    ms REAL NOT NULL,
+    ms {time} NOT NULL,
     replica TEXT NOT NULL DEFAULT ''  -- the gateway process that served the call (see `replica_name`)
 );
 CREATE INDEX IF NOT EXISTS calls_ts ON calls(ts);
 """
-# PostgreSQL's own: timestamps and milliseconds as double precision (its REAL is 4 bytes)
-PG_SCHEMA = SCHEMA.replace("REAL", "DOUBLE PRECISION")
+# each engine's 8-byte float for timestamps and milliseconds (PostgreSQL's REAL has 4 bytes)
+SQLITE_SCHEMA, PG_SCHEMA = SCHEMA.format(time="REAL"), SCHEMA.format(time="DOUBLE PRECISION")
 # a table made before the replica column: given it (every row then has replica '')
 ADD_REPLICA = "ALTER TABLE calls ADD COLUMN {} replica TEXT NOT NULL DEFAULT ''"
 COLUMNS = (
@@ -159,7 +159,7 @@ def connect(path: Path, storage: Storage | None = None) -> Any:
     db = sqlite3.connect(path, timeout=5.0)
     db.execute("PRAGMA journal_mode=WAL")  # several gateways (one per host) may share a workspace
     db.execute("PRAGMA synchronous=NORMAL")
-    db.executescript(SCHEMA)
+    db.executescript(SQLITE_SCHEMA)
     if not _has_replica(db):
         try:
             db.execute(ADD_REPLICA.format(""))
