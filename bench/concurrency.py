@@ -1,6 +1,6 @@
 """Sixteen hosts calling at once over Streamable HTTP: throughput and latency, direct vs gateway.
 
-    python bench/concurrency.py [--clients 16] [--calls 200] [--era 2025|2026] [--rounds 2]
+    python bench/concurrency.py [--clients 16] [--calls 200] [--era 2025|2026] [--rounds 2] [--before DIR]
 
 The upstream is the test suite's probe server over Streamable HTTP on 127.0.0.1. Each client opens its
 own MCP session (`--era 2025`: a handshake-era `ClientSession`; `2026`: the SDK's `Client` in the
@@ -102,7 +102,7 @@ def measured(label: str, url: str, clients: int, calls: int, era: str = "2025") 
     ]
 
 
-def main(clients: int, calls: int, era: str, rounds: int) -> None:
+def main(clients: int, calls: int, era: str, rounds: int, before: str | None) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="ctx-bench-concurrency-"))
     upstream_port = free_port()
     upstream_url = f"http://127.0.0.1:{upstream_port}/mcp"
@@ -114,11 +114,17 @@ def main(clients: int, calls: int, era: str, rounds: int) -> None:
     paths = [("direct", upstream_url)]
     try:
         wait_listening(upstream_url, procs[0])
-        for label, lean in (("gateway (all plugins)", "true"), ("gateway, lean_path off", "false")):
+        gateways = [("gateway (all plugins)", "true", None), ("gateway, lean_path off", "false", None)]
+        if before:
+            gateways.append((f"gateway from {before}", "true", before))
+        for label, lean, source in gateways:
             port = free_port()
             gw = [sys.executable, "-m", "gateway", "--config", str(config), "--transport", "http", "--port", str(port)]
+            # `python -m` looks in its working folder first: started in `source`, it runs that checkout
             procs.append(
-                subprocess.Popen([*gw, f"--lean-path={lean}"], stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                subprocess.Popen(
+                    [*gw, f"--lean-path={lean}"], stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=source
+                )
             )
             paths.append((label, f"http://127.0.0.1:{port}/mcp"))
             wait_listening(paths[-1][1], procs[-1])
@@ -159,5 +165,6 @@ if __name__ == "__main__":
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--era", choices=["2025", "2026"], default="2025", help="the hosts' protocol era")
     parser.add_argument("--rounds", type=int, default=2, help="times every path is measured, in turn")
+    parser.add_argument("--before", help="another checkout's gateway, measured in the same rounds")
     args = parser.parse_args()
-    main(args.clients, args.calls, args.era, args.rounds)
+    main(args.clients, args.calls, args.era, args.rounds, args.before)
