@@ -263,9 +263,13 @@ class Explorer:
         """What the query touches that the loader could not be sure of (a column left as text although
         it looks numeric): said with the answer, so no ORDER BY over text passes unremarked."""
         lowered = sql.lower()
+        try:  # the notes come with the tables: the query never waits for their column profiles
+            tables = query.loaded(path, kind, self.namespace)
+        except Exception:  # the query ran: its tables exist (a failure here only loses the note)
+            return []
         return [
             note
-            for table in self._catalog(path, kind)[0]
+            for table in tables
             for note in table.notes
             if (named := _NOTED_COLUMN.match(note)) and named.group(1).replace('""', '"').lower() in lowered
         ]

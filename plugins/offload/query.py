@@ -195,22 +195,35 @@ def _take(namespace: str) -> subprocess.Popen[bytes] | None:
 
 
 def _give(namespace: str, proc: subprocess.Popen[bytes]) -> None:
-    """Keep a worker warm for its namespace's next request: at most a caller's share of workers idle per
-    namespace, and the pool's size in all (the oldest ended first)."""
-    pool = shares.worker_pool()
+    """Keep a worker warm for its namespace's next request: at most as many idle per namespace as it may
+    run at once (its places for queries and for conversions), and as many as both pools hold in all
+    (the oldest ended first)."""
+    pools = (shares.worker_pool(), shares.conversion_pool())
+    per_caller, total = sum(p.per_caller for p in pools), sum(p.total for p in pools)
     ended = []
     with _RUNNING_LOCK:
         idle = _IDLE.setdefault(namespace, [])
         idle.append((time.monotonic(), proc))
-        if len(idle) > pool.per_caller:
+        if len(idle) > per_caller:
             ended.append(idle.pop(0)[1])
-        while sum(len(v) for v in _IDLE.values()) > pool.total:
+        while sum(len(v) for v in _IDLE.values()) > total:
             oldest = min((v for v in _IDLE.values() if v), key=lambda v: v[0][0])
             ended.append(oldest.pop(0)[1])
         for caller in [c for c, v in _IDLE.items() if not v]:
             del _IDLE[caller]
     for old in ended:
         _close(old)
+
+
+def _keep_one_warm(namespace: str) -> None:
+    """A worker started for the namespace's next request if none waits warm: a conversion runs beside
+    the caller's queries (its profiles are computed once its tables exist), so without one the first
+    query after it would start a process (~0.15 s: Python and DuckDB's import). Within what `_give`
+    keeps warm, and ended like any idle worker."""
+    with _RUNNING_LOCK:
+        if _IDLE.get(namespace):
+            return
+    _give(namespace, _SPAWNER.start())
 
 
 class _Worker:
@@ -220,13 +233,15 @@ class _Worker:
     dies with the gateway; the parent kills it only past its wall time (a worker that could not end
     itself)."""
 
-    def __init__(self, request: dict[str, Any], seconds: float, wall: float, namespace: str = ""):
+    def __init__(self, request: dict[str, Any], seconds: float, wall: float, namespace: str = "", spare: bool = False):
         self.namespace = namespace
         self.temp = _private_temp() if request["op"] == "query" else None
         if self.temp is not None:
             request = {**request, "temp_directory": str(self.temp)}
         warm = _take(namespace)
         self.proc = warm or _SPAWNER.start()
+        if spare:
+            _keep_one_warm(namespace)
         self.reused = warm is not None  # a warm worker that died while idle: the request goes to a new one
         self.seconds, self.wall = seconds, wall
         self.size = 0
@@ -382,9 +397,10 @@ def build(result: Path, kind: str, namespace: str = "") -> list[Table]:
 
 def _converting(namespace: str, request: dict[str, Any], answer: str, what: str) -> dict[str, Any]:
     """One step of a conversion in a worker of the caller's, within its places for conversions: the
-    message holding `answer`, or the failure (`what` failed) raised."""
+    message holding `answer`, or the failure (`what` failed) raised. A worker is kept warm beside it
+    for the caller's queries."""
     with _slot(namespace, _token.get(), shares.conversion_pool()):
-        worker = _Worker(request, BUILD_SECONDS, BUILD_SECONDS + 60, namespace)
+        worker = _Worker(request, BUILD_SECONDS, BUILD_SECONDS + 60, namespace, spare=True)
         try:
             message = worker.message()
             if message is None or answer not in message:

@@ -343,3 +343,35 @@ def test_a_small_results_file_ref_names_its_tables_without_waiting_for_their_pro
         assert "profiles are being computed" in outline["tables"]  # the outline's profiles: not yet
     finally:
         held.set()
+
+
+def test_a_worker_waits_warm_for_the_first_query_while_the_tables_are_prepared(tmp_path: Path) -> None:
+    """A result's conversion (and its profiles) run in one of the caller's workers; another waits warm
+    beside it, so the caller's first query starts no process (Python and DuckDB's import, ~0.15 s)."""
+    store = ResponseStore(tmp_path)
+    saved = store.save_text("t", json.dumps([{"id": i, "name": f"n{i}"} for i in range(300_000)]), "json")
+    result = store.resolve(saved.id)
+    query.stop_all()
+    converting = query.warm(result, "json", "dora")
+    deadline = time.monotonic() + 30
+    while not query._IDLE.get("dora") and converting.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert converting.is_alive(), "the conversion ended before a worker waited beside it"
+    waiting = {proc.pid for _, proc in query._IDLE["dora"]}
+    assert _pid_of(result, "SELECT count(*) FROM items", "dora") in waiting
+    converting.join(60)
+
+
+def test_a_query_and_its_notes_never_wait_for_the_column_profiles(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = ResponseStore(tmp_path)
+    rows = [{"title": "Up" if i % 2 else 1984, "gross": i} for i in range(50)]
+    saved = store.save_text("t", json.dumps(rows), "json")
+
+    def profiles(*_: Any) -> None:
+        raise AssertionError("the query waited for the column profiles")
+
+    monkeypatch.setattr(query, "build", profiles)
+    answer = _ask((Explorer(store), saved.id), "SELECT title FROM items ORDER BY gross DESC LIMIT 1")
+    assert answer["rows"] == [["Up"]] and "mixes strings and numbers" in answer["note"]
