@@ -58,7 +58,7 @@ async def main(n: int, profile: bool, plugins: list[str]) -> None:
             raise AssertionError("the lean path waited on a pipe that was not behind")
 
         upstream.raw.attach(never, answer_at_once)
-        gateway.hosts["stdio"] = Host()
+        gateway.hosts.put("", "stdio", Host())
         answered = asyncio.Event()
 
         def to_host(data: bytes) -> bool:
