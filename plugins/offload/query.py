@@ -223,7 +223,10 @@ def _keep_one_warm(namespace: str) -> None:
     with _RUNNING_LOCK:
         if _IDLE.get(namespace):
             return
-    _give(namespace, _SPAWNER.start())
+    try:
+        _give(namespace, _SPAWNER.start())
+    except Exception as exc:  # no process to spare (a limit on processes): the query starts its own
+        log.debug("no worker kept warm for %r: %s", namespace, exc)
 
 
 class _Worker:
