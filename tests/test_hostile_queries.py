@@ -25,6 +25,7 @@ from conftest import (
     gateway_pid,
     gateway_pipes,
     ok,
+    outline_with_tables,
     peak_rss,
     probe,
     text_of,
@@ -238,6 +239,7 @@ async def test_one_callers_queries_get_a_share_of_the_workers(tmp_path: Path) ->
     async with _gateway(tmp_path) as (session, cfg):
         rid = await _offloaded(session)
         await ok(session, "response_query", {"path": rid, "sql": "SELECT count(*) FROM items"})
+        await outline_with_tables(session, rid)  # the profiles are done: no conversion's worker runs beside
         pid = gateway_pid(cfg)
         answers: list[Any] = []
         most, lowest = 0, 0

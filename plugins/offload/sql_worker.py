@@ -75,12 +75,14 @@ class _Clock:
         self.expired = False
         self.stop: Any = None
         self._lock = threading.Lock()
+        self._running = threading.Event()  # clear while paused: an idle worker's clock never wakes
         threading.Thread(target=self._watch, daemon=True).start()
 
     def reset(self, seconds: float) -> None:
         """A new request's clock, paused until its computation starts."""
         with self._lock:
             self.seconds, self.used, self.paused, self.expired, self.stop = seconds, 0.0, True, False, None
+            self._running.clear()
 
     def start(self, stop: Any = None) -> None:
         self.stop = stop
@@ -88,6 +90,7 @@ class _Clock:
 
     def _watch(self) -> None:
         while True:
+            self._running.wait()
             time.sleep(0.05)
             with self._lock:
                 if self.paused:
@@ -106,11 +109,13 @@ class _Clock:
         with self._lock:
             self.used += time.monotonic() - self.started
             self.paused = True
+            self._running.clear()
 
     def resume(self) -> None:
         with self._lock:
             self.started = time.monotonic()
             self.paused = False
+            self._running.set()
 
 
 _CLOCK: _Clock | None = None
