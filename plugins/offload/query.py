@@ -194,12 +194,16 @@ def _take(namespace: str) -> subprocess.Popen[bytes] | None:
     return found
 
 
-def _give(namespace: str, proc: subprocess.Popen[bytes]) -> None:
-    """Keep a worker warm for its namespace's next request: at most as many idle per namespace as it may
-    run at once (its places for queries and for conversions), and as many as both pools hold in all
-    (the oldest ended first)."""
+def _idle_caps() -> tuple[int, int]:
+    """How many workers may wait idle: per namespace, as many as it may run at once (its places for
+    queries and for conversions), and in all, as many as both pools hold."""
     pools = (shares.worker_pool(), shares.conversion_pool())
-    per_caller, total = sum(p.per_caller for p in pools), sum(p.total for p in pools)
+    return sum(p.per_caller for p in pools), sum(p.total for p in pools)
+
+
+def _give(namespace: str, proc: subprocess.Popen[bytes]) -> None:
+    """Keep a worker warm for its namespace's next request, within `_idle_caps`."""
+    per_caller, total = _idle_caps()
     ended = []
     with _RUNNING_LOCK:
         idle = _IDLE.setdefault(namespace, [])
@@ -207,8 +211,9 @@ def _give(namespace: str, proc: subprocess.Popen[bytes]) -> None:
         if len(idle) > per_caller:
             ended.append(idle.pop(0)[1])
         while sum(len(v) for v in _IDLE.values()) > total:
-            oldest = min((v for v in _IDLE.values() if v), key=lambda v: v[0][0])
-            ended.append(oldest.pop(0)[1])
+            # from the caller holding the most (its oldest): one caller's spare never ends another's last
+            fullest = max((v for v in _IDLE.values() if v), key=lambda v: (len(v), -v[0][0]))
+            ended.append(fullest.pop(0)[1])
         for caller in [c for c, v in _IDLE.items() if not v]:
             del _IDLE[caller]
     for old in ended:
@@ -220,8 +225,9 @@ def _keep_one_warm(namespace: str) -> None:
     the caller's queries (its profiles are computed once its tables exist), so without one the first
     query after it would start a process (~0.15 s: Python and DuckDB's import). Within what `_give`
     keeps warm, and ended like any idle worker."""
-    with _RUNNING_LOCK:
-        if _IDLE.get(namespace):
+    total = _idle_caps()[1]
+    with _RUNNING_LOCK:  # one waits already, or the idle places are full (a spare would end another's)
+        if _IDLE.get(namespace) or sum(len(v) for v in _IDLE.values()) >= total:
             return
     try:
         _give(namespace, _SPAWNER.start())
@@ -243,8 +249,6 @@ class _Worker:
             request = {**request, "temp_directory": str(self.temp)}
         warm = _take(namespace)
         self.proc = warm or _SPAWNER.start()
-        if spare:
-            _keep_one_warm(namespace)
         self.reused = warm is not None  # a warm worker that died while idle: the request goes to a new one
         self.seconds, self.wall = seconds, wall
         self.size = 0
@@ -255,6 +259,8 @@ class _Worker:
         self.timer.start()
         self.request = {**request, "address_space": ADDRESS_SPACE, "seconds": seconds, "wall": wall}
         self._send()
+        if spare:  # after the send: the request's process is in _RUNNING (stop_all ends it) and at work
+            _keep_one_warm(namespace)
 
     def _send(self) -> None:
         with _RUNNING_LOCK:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import threading
 import time
 import tracemalloc
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 import plugins.offload.explore as explore
 import plugins.offload.query as query
 from gateway.args import Args, ToolInputError
+from gateway.services import shares
 from gateway.services.files import temp_beside
 from gateway.services.responses import ResponseStore
 from plugins.offload.explore import Explorer
@@ -222,8 +224,6 @@ def test_a_worker_killed_mid_query_or_while_idle_is_replaced(explorer: tuple[Exp
         killed.append(warm)
         os.kill(warm, 9)
 
-    import threading
-
     killer = threading.Thread(target=kill_it)
     killer.start()
     with pytest.raises(query.QueryError, match=r"needed more memory|ended"):
@@ -243,7 +243,6 @@ def test_the_outline_answers_before_the_tables_exist_and_names_them_after(
 ) -> None:
     """A conversion held back (a slow or huge one): the fileRef and the outline answer at once, saying the
     tables are being prepared; once they exist, the outline lists them with their profiles."""
-    import threading
 
     from plugins.offload.fileref import inline_outline
 
@@ -321,7 +320,6 @@ def test_a_small_results_file_ref_names_its_tables_without_waiting_for_their_pro
 ) -> None:
     """The fileRef names the tables and their columns as soon as a query can use them; the column
     profiles (held back here) are the outline's, and come later."""
-    import threading
 
     from plugins.offload.fileref import inline_outline
 
@@ -345,7 +343,9 @@ def test_a_small_results_file_ref_names_its_tables_without_waiting_for_their_pro
         held.set()
 
 
-def test_a_worker_waits_warm_for_the_first_query_while_the_tables_are_prepared(tmp_path: Path) -> None:
+def test_a_worker_waits_warm_for_the_first_query_while_the_tables_are_prepared(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A result's conversion (and its profiles) run in one of the caller's workers; another waits warm
     beside it, so the caller's first query starts no process (Python and DuckDB's import, ~0.15 s)."""
     store = ResponseStore(tmp_path)
@@ -357,9 +357,40 @@ def test_a_worker_waits_warm_for_the_first_query_while_the_tables_are_prepared(t
     while not query._IDLE.get("dora") and converting.is_alive() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert converting.is_alive(), "the conversion ended before a worker waited beside it"
-    waiting = {proc.pid for _, proc in query._IDLE["dora"]}
-    assert _pid_of(result, "SELECT count(*) FROM items", "dora") in waiting
+    started: list[int] = []  # the threads that started a process (the conversion's may start a spare)
+    spawn = query._SPAWNER.start
+    monkeypatch.setattr(query._SPAWNER, "start", lambda: started.append(threading.get_ident()) or spawn())
+    _pid_of(result, "SELECT count(*) FROM items", "dora")
+    assert threading.get_ident() not in started  # the query ran in a warm worker, whichever it found
     converting.join(60)
+
+
+def test_one_callers_spare_never_ends_another_callers_warm_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With every idle place taken by other callers, a conversion starts no spare, and the worker it
+    gives back ends one other caller's worker at most (the one holding the most, else the oldest)."""
+    import subprocess
+
+    started: list[Any] = []
+
+    def sleeper() -> Any:
+        started.append(proc := subprocess.Popen(["sleep", "60"]))
+        return proc
+
+    query.stop_all()
+    monkeypatch.setattr(query._SPAWNER, "start", sleeper)
+    places = sum(p.total for p in (shares.worker_pool(), shares.conversion_pool()))  # idle ones in all
+    others = [f"tenant{i}" for i in range(places)]
+    for name in others:
+        query._give(name, sleeper())
+    started.clear()
+    try:
+        query._keep_one_warm("alice")
+        assert not started  # the idle places are full: no process is started only to end another's
+        query._give("alice", sleeper())  # her conversion's worker, back
+        kept = [name for name in others if query._IDLE.get(name)]
+        assert len(kept) == len(others) - 1 and len(query._IDLE["alice"]) == 1
+    finally:
+        query.stop_all()
 
 
 def test_a_query_and_its_notes_never_wait_for_the_column_profiles(
