@@ -71,7 +71,6 @@ class _Clock:
 
     def __init__(self) -> None:
         self.seconds, self.used, self.started = 0.0, 0.0, time.monotonic()
-        self.paused = True
         self.expired = False
         self.stop: Any = None
         self._lock = threading.Lock()
@@ -81,8 +80,12 @@ class _Clock:
     def reset(self, seconds: float) -> None:
         """A new request's clock, paused until its computation starts."""
         with self._lock:
-            self.seconds, self.used, self.paused, self.expired, self.stop = seconds, 0.0, True, False, None
+            self.seconds, self.used, self.expired, self.stop = seconds, 0.0, False, None
             self._running.clear()
+
+    @property
+    def paused(self) -> bool:
+        return not self._running.is_set()
 
     def start(self, stop: Any = None) -> None:
         self.stop = stop
@@ -108,13 +111,11 @@ class _Clock:
     def pause(self) -> None:
         with self._lock:
             self.used += time.monotonic() - self.started
-            self.paused = True
             self._running.clear()
 
     def resume(self) -> None:
         with self._lock:
             self.started = time.monotonic()
-            self.paused = False
             self._running.set()
 
 
