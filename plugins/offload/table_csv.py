@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from pathlib import Path
 from typing import Any
 
@@ -64,37 +65,64 @@ def load(conn: Any, path: Path, sep: str) -> Table:
         f"delim={literal(sep)}, quote='\"', escape='\"', null_padding=true, strict_mode=false)"
     )
     names = [row[0] for row in conn.execute("DESCRIBE raw_csv").fetchall()]
-    missing = ", ".join(f"'{m}'" for m in MISSING)
-    counts: list[str] = []
-    for n in names:
-        v = f"trim({quote(n)})"
-        present = f"{v} IS NOT NULL AND lower({v}) NOT IN ({missing})"
-        counts.append(f"count(*) FILTER (WHERE {present})")
-        counts += [f"count(*) FILTER (WHERE {present} AND {check.format(v=v)})" for _, check in TYPES]
-    text_missing = ", ".join(f"'{m}'" for m in TEXT_MISSING)
-    counts += [f"count(*) FILTER (WHERE lower(trim({quote(n)})) IN ({text_missing}))" for n in names]
-    row = conn.execute(f"SELECT {', '.join(counts)} FROM raw_csv").fetchone() if names else ()
-    width = 1 + len(TYPES)
+    found = conn.execute(_typing_scan(names)).fetchone() if names else ()
     columns, notes, nulled = [], [], []
     for i, n in enumerate(names):
-        values, *castable = row[i * width : (i + 1) * width]
+        values, castable, numbers, missing_text = found[4 * i : 4 * i + 4]
         q, v = quote(n), f"trim({quote(n)})"
-        kind = next((t for (t, _), c in zip(TYPES, castable, strict=True) if values and c == values), None)
+        kind = next((t for bit, (t, _) in enumerate(TYPES, 1) if values and castable >> bit & 1), None)
         if kind is None:
-            columns.append(f"CASE WHEN lower({v}) IN ({text_missing}) THEN NULL ELSE {q} END AS {q}")
-            if missing_text := row[len(names) * width + i]:
+            columns.append(f"CASE WHEN {_spelled(v, TEXT_MISSING)} THEN NULL ELSE {q} END AS {q}")
+            if missing_text:
                 nulled.append(f"{n} ({missing_text})")
-            numbers = castable[1]
             if values and numbers >= MOSTLY * values:
                 notes.append(
                     f"column {q} is text: {values - numbers} of its {values} values are not numbers; "
                     f"use TRY_CAST({q} AS DOUBLE) to compare or sort it as numbers"
                 )
             continue
-        columns.append(f"CASE WHEN lower({v}) IN ({missing}) THEN NULL ELSE CAST({v} AS {kind}) END AS {q}")
+        columns.append(f"CASE WHEN {_spelled(v, MISSING)} THEN NULL ELSE CAST({v} AS {kind}) END AS {q}")
     conn.execute(f"CREATE TABLE {MAIN} AS SELECT {', '.join(columns)} FROM raw_csv")
     conn.execute("DROP VIEW raw_csv")
     notes.append("missing values (empty, NA, N/A, NaN, null, None, -, ?) in number and date columns are NULL")
     if nulled:
         notes.append("text columns: empty, NA, N/A, NaN and null read as NULL in " + ", ".join(nulled[:10]))
     return Table(MAIN, "CSV" if sep == "," else f"CSV (separator {sep!r})", notes=notes)
+
+
+def _spelled(value: str, spellings: tuple[str, ...]) -> str:
+    """SQL: the value, lower-cased, is one of `spellings`. One regular expression, not `IN (...)`: DuckDB
+    gives each constant of an IN list a vector per column, so a table of 20 such columns (a 17 KB CSV)
+    needed more than a conversion's first 48 MB and ran twice."""
+    pattern = "|".join(re.escape(s) for s in spellings)
+    longest = max(len(s.encode()) for s in spellings)  # most values are longer: no regex for them
+    return f"(strlen({value}) <= {longest} AND regexp_full_match(lower({value}), {literal(f'({pattern})')}))"
+
+
+def _typing_scan(names: list[str]) -> str:
+    """One pass over the text table: per column, how many values are present (not a missing spelling),
+    the types every one of them casts to (a bit per `TYPES` entry, bit 0: present), how many are numbers,
+    and how many are a text column's missing spelling. Each value is trimmed once and its checks made
+    once, into one mask (a filtered count per type and column made DuckDB plan and check each value
+    six times: 0.10 s against 0.05 s for a 53 KB CSV of 17 columns)."""
+    trimmed = ", ".join(f"trim({quote(n)}) AS v{i}" for i, n in enumerate(names))
+    masks, counts = [], []
+    for i in range(len(names)):
+        v = f"v{i}"
+        checks = " | ".join(f"(({check.format(v=v)})::INTEGER << {bit})" for bit, (_, check) in enumerate(TYPES, 1))
+        masks.append(
+            f"CASE WHEN {v} IS NULL THEN 0 WHEN {_spelled(v, TEXT_MISSING)} THEN {_TEXT_MISSING_MASK} "
+            f"WHEN {_spelled(v, MISSING)} THEN 0 ELSE 1 | {checks} END AS m{i}"
+        )
+        present = f"m{i} & 1 = 1"
+        counts += [
+            f"count(*) FILTER (WHERE {present})",
+            f"coalesce(bit_and(m{i}) FILTER (WHERE {present}), 0)",
+            f"count(*) FILTER (WHERE m{i} & {_DOUBLE_BIT} = {_DOUBLE_BIT})",
+            f"count(*) FILTER (WHERE m{i} = {_TEXT_MISSING_MASK})",
+        ]
+    return f"SELECT {', '.join(counts)} FROM (SELECT {', '.join(masks)} FROM (SELECT {trimmed} FROM raw_csv))"
+
+
+_DOUBLE_BIT = 1 << (1 + [name for name, _ in TYPES].index("DOUBLE"))  # its bit in a value's mask
+_TEXT_MISSING_MASK = 1 << (len(TYPES) + 1)  # a text column's missing spelling: never present (each is in MISSING)
