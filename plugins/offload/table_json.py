@@ -19,14 +19,18 @@ import plugins.offload.json_outline as json_outline
 from gateway.services.text import dumps
 from plugins.offload.json_file import children
 from plugins.offload.paths import Step, format_path
-from plugins.offload.table_jsonl import object_size
+from plugins.offload.table_jsonl import SMALL_LIMIT_BYTES, object_size
 from plugins.offload.tables import MAIN, MAX_COLUMNS, Names, Table, quote, unique_column, untangle
 
 SMALL_MAP = 4  # a small object is a table too when all of its (at least this many) values are objects
 DOC_BYTES = 16 * 1024 * 1024  # documents up to this size are also one JSON value in `doc`
 PIECE_BYTES = 2 * 1024 * 1024  # rows are handed to DuckDB in files of about this size (its reader's memory)
 LONG_ROW = 64 * 1024  # a conversion with rows longer than this (bytes of JSON)...
-WIDE_ROW = 100  # ...or with more fields than this starts with its larger memory limit
+WIDE_ROW = 100  # ...or with more fields than this starts with its larger memory limit...
+NESTED_CELLS = 500_000  # ...or with more rows x keys of their nested objects than this (the types DuckDB
+# infers for them): 600,000 failed at the small limit (30,000 rows of 20 keys, 5,000 of 300, the 3,260 shapes
+# of 2,049 member names of an AWS API model), 400,000 did not
+NESTED_KEYS_SEEN = 10_000  # distinct nested keys counted at most
 _KEY = "__ctx_entry_key__"  # the key column while loading; renamed once the value's fields are known
 
 
@@ -71,6 +75,8 @@ def load(conn: Any, path: Path, scratch: Path, stop: threading.Event, parts: lis
         name = MAIN if i == 0 else names.claim("_".join(str(s) for s in part.steps) or "root")
         tables.append(_load_part(conn, path, part, name, scratch, stop))
     if path.stat().st_size <= DOC_BYTES:
+        if path.stat().st_size > SMALL_LIMIT_BYTES and hasattr(conn, "grow"):
+            conn.grow()  # DuckDB parses the document whole: 1.6 MB of nested JSON failed at the small limit
         conn.execute(
             "CREATE TABLE doc AS SELECT json FROM read_json_objects(?, format='unstructured', "
             f"maximum_object_size={object_size(path.stat().st_size)})",
@@ -125,6 +131,8 @@ def _load_raw(
     longest = _cut(path, span, scratch, stop, pieces)
     if not pieces:
         return None
+    if part.rows * _nested_width(pieces[0]) > NESTED_CELLS and hasattr(conn, "grow"):
+        conn.grow()  # the small memory limit would fail this statement: it would run twice
     table = Table(name, format_path(list(part.steps)))
     try:
         conn.execute(
@@ -264,7 +272,8 @@ def _load_rows(
     """The rows written as JSON Lines in pieces of PIECE_BYTES (`scratch` and numbered files beside it),
     then read by DuckDB as one list of files: its JSON reader holds about a file's size while it reads
     (70 MB for a 60 MB file, 41 MB for pieces of 2 MB)."""
-    longest, skipped, fields, size = 0, 0, set(), 0
+    longest, skipped, fields, size, rows = 0, 0, set(), 0, 0
+    nested: set[str] = set()
     pieces.append(scratch)
     fh = open(scratch, "wb")  # noqa: SIM115 - closed below, or replaced by the next piece
     try:
@@ -278,6 +287,9 @@ def _load_rows(
                 row = {_KEY: key, **value} if isinstance(value, dict) else {_KEY: key, "value": value}
             if len(fields) <= MAX_COLUMNS:
                 fields.update(row)
+            if len(nested) <= NESTED_KEYS_SEEN:
+                _nested_keys(row, nested)
+            rows += 1
             line = dumps(row).encode() + b"\n"
             longest = max(longest, len(line))
             if size >= PIECE_BYTES:  # bytes counted here: a text file's tell() costs more than the row
@@ -293,7 +305,7 @@ def _load_rows(
         fh.close()
     files = [str(p) for p in pieces]
     table = Table(name, format_path(steps))
-    if (longest > LONG_ROW or len(fields) > WIDE_ROW) and hasattr(conn, "grow"):
+    if (longest > LONG_ROW or len(fields) > WIDE_ROW or rows * len(nested) > NESTED_CELLS) and hasattr(conn, "grow"):
         conn.grow()  # the small memory limit would fail this statement: it would run twice
     if len(fields) > MAX_COLUMNS:  # a wide, sparse part: one JSON value a row, not a column a key
         conn.execute(
@@ -320,3 +332,28 @@ def _load_rows(
     if skipped:
         table.notes.append(f"{skipped} items of the array are not objects and have no row")
     return table
+
+
+def _nested_width(piece: Path) -> int:
+    """The distinct nested keys (`_nested_keys`) of the records in a piece of the raw path (the first:
+    about a MB of them, parsed in ~10 ms); 0 when the piece does not parse (its cut fell inside a record:
+    DuckDB finds that too)."""
+    try:
+        records = json.loads(piece.read_bytes())
+    except ValueError:
+        return 0
+    keys: set[str] = set()
+    for record in records if isinstance(records, list) else ():
+        if isinstance(record, dict) and len(keys) <= NESTED_KEYS_SEEN:
+            _nested_keys(record, keys)
+    return len(keys)
+
+
+def _nested_keys(row: dict[str, Any], into: set[str]) -> None:
+    """The keys of the objects in a row's fields, two levels down: the width of the types DuckDB infers."""
+    for value in row.values():
+        if isinstance(value, dict):
+            into.update(value)
+            for inner in value.values():
+                if isinstance(inner, dict):
+                    into.update(inner)

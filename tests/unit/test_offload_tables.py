@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import json
+import random
+import threading
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pytest
 
 import plugins.offload.json_outline as json_outline
+import plugins.offload.loaders as loaders
 import plugins.offload.query as query
+import plugins.offload.sql_worker as sql_worker
 import plugins.offload.table_csv as table_csv
 from plugins.offload.json_values import resolve
 from plugins.offload.tables import quote
@@ -68,6 +73,45 @@ def test_a_wide_csv_converts_within_the_first_memory_limit(tmp_path: Path) -> No
         types = {name: kind for name, kind, *_ in conn.execute("DESCRIBE items").fetchall()}
         assert types == {"month": "DATE", **{f"sector_{i}": "BIGINT" for i in range(23)}}
         assert conn.execute("SELECT sum(sector_0) FROM items").fetchone()[0] == sum(1000 + 7 * m for m in range(120))
+
+
+def _api_model(entries: int, names: int) -> dict:
+    """Shapes of an API model: each has members named from a large vocabulary (the types DuckDB infers
+    for them are wide)."""
+    rng = random.Random(7)
+    return {
+        f"Shape{i}": {
+            "type": "structure",
+            "members": {f"Name{k}": {"shape": "String"} for k in rng.sample(range(names), 8)},
+        }
+        for i in range(entries)
+    }
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        pytest.param({"version": "2.0", "shapes": _api_model(5000, 300)}, id="map-of-wide-records"),
+        pytest.param(list(_api_model(5000, 300).values()), id="array-of-wide-records"),
+        pytest.param(
+            {"meta": {"a": 1}, "rows": [{"id": i, "name": f"n{i}"} for i in range(80_000)]}, id="2-MB-document"
+        ),
+    ],
+)
+def test_a_json_conversion_runs_each_statement_once(tmp_path: Path, doc: Any) -> None:
+    """A conversion starts with 48 MB and runs a statement again with more when it fails; the loaders
+    tell from the rows (their nested keys, the document's size) when to start with more, so none runs twice."""
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(doc))
+    raw = duckdb.connect(str(tmp_path / "t.duckdb"), config={"threads": 1, "memory_limit": query.BUILD_MEMORY_LIMIT})
+    conn = sql_worker._Growing(raw, query.BUILD_MEMORY_CEILING)
+    try:
+        tables = loaders.load(conn, path, "json", tmp_path / "scratch", threading.Event())
+        assert not conn.retried  # before: the table (or `doc`) failed at 48 MB and ran again
+        assert raw.execute("SELECT count(*) FROM items").fetchone()[0] == (80_000 if "meta" in doc else 5000)
+        assert "doc" in {t.name for t in tables}
+    finally:
+        raw.close()
 
 
 def test_json_names_never_clash_and_items_is_the_largest(tmp_path: Path) -> None:
