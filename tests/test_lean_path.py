@@ -1,4 +1,5 @@
-"""The lean path (`gateway/proxy/lean.py`): plain `tools/call` over stdio below the SDK's sessions.
+"""The lean path (`gateway/proxy/lean.py`): plain `tools/call` over stdio below the SDK's sessions, and
+its leg to Streamable HTTP upstreams (`gateway/proxy/upstream_lean_http.py`).
 
 Seen from the host's side of the wire, a gateway process with `lean_path` on answers exactly what it
 answers with it off, for every content kind and every failure; cancellation, timeouts, a crashing
@@ -8,14 +9,15 @@ upstream and an upstream's question to the user behave as through the SDK.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+import os
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from conftest import PY, eventually, gateway_process, probe, write_config
+from conftest import PROBE, PY, eventually, free_port, gateway_process, probe, serving, write_config
 
 pytestmark = pytest.mark.anyio
 
@@ -115,8 +117,32 @@ ENVELOPE = {  # what a 2026-07-28 host sends with every request, instead of a ha
 }
 
 
-async def _answers(tmp_path: Path, lean: bool, era: str = "2025") -> tuple[list[dict], list[dict]]:
-    servers = {"p": probe("p", env=WIRE)}
+@contextmanager
+def probe_over_http(name: str, env: dict[str, str], **cfg: Any) -> Iterator[dict[str, Any]]:
+    """The probe server over Streamable HTTP on 127.0.0.1, as a `[servers.X]` table."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/mcp"
+    with serving([PY, PROBE, "--name", name, "--http", str(port)], url, {**os.environ, **env}):
+        yield {"url": url, **cfg}
+
+
+@contextmanager
+def upstream_probe(transport: str, name: str, env: dict[str, str], **cfg: Any) -> Iterator[dict[str, Any]]:
+    if transport == "http":
+        with probe_over_http(name, env, **cfg) as server:
+            yield server
+    else:
+        yield probe(name, env=env, **cfg)
+
+
+async def _answers(
+    tmp_path: Path, lean: bool, era: str = "2025", upstream: str = "stdio"
+) -> tuple[list[dict], list[dict]]:
+    with upstream_probe(upstream, "p", WIRE) as server:
+        return await _answers_from(tmp_path, lean, era, {"p": server})
+
+
+async def _answers_from(tmp_path: Path, lean: bool, era: str, servers: dict[str, Any]) -> tuple[list[dict], list[dict]]:
     (tmp_path / str(lean)).mkdir()
     modern = era == "2026"
     envelope = ENVELOPE if modern else {}
@@ -143,10 +169,10 @@ async def _answers(tmp_path: Path, lean: bool, era: str = "2025") -> tuple[list[
     return answers, [ids[0]["result"], ids[1]["result"], big["result"], ledger]
 
 
-@pytest.mark.parametrize("era", ["2025", "2026"])
-async def test_lean_path_answers_exactly_as_the_sdk_path(tmp_path: Path, era: str) -> None:
-    lean, lean_extra = await _answers(tmp_path, True, era)
-    sdk, sdk_extra = await _answers(tmp_path, False, era)
+@pytest.mark.parametrize(("era", "upstream"), [("2025", "stdio"), ("2026", "stdio"), ("2025", "http")])
+async def test_lean_path_answers_exactly_as_the_sdk_path(tmp_path: Path, era: str, upstream: str) -> None:
+    lean, lean_extra = await _answers(tmp_path, True, era, upstream)
+    sdk, sdk_extra = await _answers(tmp_path, False, era, upstream)
     for (name, _, _), a, b in zip(CALLS, lean, sdk, strict=True):
         assert a == b, name
     kinds = lean[0]["result"]
@@ -209,8 +235,10 @@ async def test_a_crash_during_a_lean_call_is_an_error_and_the_gateway_recovers(t
         assert again["result"]["content"][0]["text"].startswith("str:gw-")
 
 
-@pytest.mark.parametrize("lean", [True, False])
-async def test_an_upstream_question_during_a_lean_call_reaches_the_host(tmp_path: Path, lean: bool) -> None:
+@pytest.mark.parametrize(("lean", "upstream"), [(True, "stdio"), (False, "stdio"), (True, "http")])
+async def test_an_upstream_question_during_a_lean_call_reaches_the_host(
+    tmp_path: Path, lean: bool, upstream: str
+) -> None:
     asked: list[dict] = []
 
     def elicit(params: dict) -> dict:
@@ -219,9 +247,12 @@ async def test_an_upstream_question_during_a_lean_call_reaches_the_host(tmp_path
 
     capabilities = {"elicitation": {"form": {}}}
     answers = {"elicitation/create": elicit}
-    async with raw_host(tmp_path, {"p": probe("p", env=WIRE)}, capabilities, answers, lean_path=lean) as host:
-        answer = await host.call("p__ask", {})
+    with upstream_probe(upstream, "p", WIRE) as server:
+        async with raw_host(tmp_path, {"p": server}, capabilities, answers, lean_path=lean) as host:
+            answer = await host.call("p__ask", {})
+            ids = await host.call("p__request_id", {})
     assert answer["result"]["content"][0]["text"] == "accept:Ada"
+    assert ids["result"]["content"][0]["text"].startswith("str:gw-" if lean else "int:")
     assert asked and asked[0]["message"] == "What is your name?"
 
 
@@ -318,3 +349,29 @@ async def test_a_2026_hosts_call_is_cancelled_at_the_upstream(tmp_path: Path, le
         after = await host.call("p__request_id", {}, _meta=ENVELOPE)
         assert host.answer_to(9) is None  # a cancelled request is never answered
     assert after["result"]["content"][0]["text"].startswith("str:gw-" if lean else "int:")
+
+
+async def test_lean_calls_to_an_http_upstream_are_cancelled_timed_out_and_kept_alive_by_progress(
+    tmp_path: Path,
+) -> None:
+    """The HTTP leg: a host's cancel and the call's clock reach the upstream as a cancel, and the
+    upstream's progress (on the call's event stream) moves the clock on."""
+    marker, slow_marker = tmp_path / "cancel.txt", tmp_path / "timeout.txt"
+    with (
+        upstream_probe("http", "p", WIRE | {"PROBE_CANCEL_MARKER": str(marker)}) as p,
+        upstream_probe("http", "q", WIRE | {"PROBE_CANCEL_MARKER": str(slow_marker)}, timeout_seconds=0.8) as q,
+    ):
+        async with raw_host(tmp_path, {"p": p, "q": q}) as host:
+            params = {"name": "p__slow", "arguments": {"seconds": 60}}
+            await host.send({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": params})
+            await eventually(lambda: marker.exists() and marker.read_text() == "started", 20, "the slow call to start")
+            await host.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 7}})
+            await eventually(lambda: marker.read_text() == "cancelled", 20, "the upstream to hear the cancel")
+            timed_out = await host.call("q__slow", {"seconds": 60})
+            await eventually(lambda: slow_marker.read_text() == "cancelled", 20, "the timed-out call to be cancelled")
+            done = await host.call("q__progress", {"steps": 5, "delay": 0.3})  # 1.5 s, about twice the timeout
+            ids = [await host.call(f"{s}__request_id", {}) for s in "pq"]
+            assert host.answer_to(7) is None  # a cancelled request is never answered
+    assert timed_out["result"]["isError"] and "within 1 s" in timed_out["result"]["content"][0]["text"]
+    assert done["result"]["content"][0]["text"] == "done after 5 steps"
+    assert all(i["result"]["content"][0]["text"].startswith("str:gw-") for i in ids)  # the lean leg it was

@@ -26,13 +26,14 @@ import mcp_types as types
 from mcp import ClientSession, MCPError
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.message import ServerMessageMetadata
+from mcp.shared.message import ServerMessageMetadata, SessionMessage
 from pydantic import ValidationError
 
 import gateway.compat as compat
 from gateway.progress import ProgressReporter, no_progress
 from gateway.proxy.lean import Clock, Outcome, RawRequests, parse_result
 from gateway.proxy.upstream_http import SpoolingTransport
+from gateway.proxy.upstream_lean_http import HttpRawRequests, relay
 from gateway.proxy.upstream_spawn import Started, open_log
 from gateway.proxy.upstream_stdio import linear_stdio_client
 from gateway.results import error_result
@@ -151,7 +152,8 @@ class Upstream:
         self._in_flight: list[_InFlight] = []
         self._landed_at: dict[str, float] = {}  # namespace -> when its latest call here ended
         self._ping: tuple[anyio.CancelScope, float] | None = None  # the health check in flight, its timeout
-        self.raw = RawRequests()  # lean-path calls beside the SDK's session (stdio only)
+        # lean-path calls beside the SDK's session: written to a stdio pipe, or POSTed to a Streamable HTTP upstream
+        self.raw: RawRequests | HttpRawRequests = RawRequests()
 
     @property
     def transport(self) -> str:
@@ -284,11 +286,24 @@ class Upstream:
                 async with sse_client(cfg.url, headers=cfg.headers, httpx_client_factory=client) as streams:
                     yield streams
                 return
+            raw = HttpRawRequests(cfg.url, cfg.headers, self._spooling, self._heard)
+            self.raw = raw
+            sink, source = anyio.create_memory_object_stream[SessionMessage | Exception](0)
             async with (
                 client(cfg.headers) as http,
-                streamable_http_client(cfg.url, http_client=http, max_sse_event_size=None) as streams,
+                streamable_http_client(cfg.url, http_client=http, max_sse_event_size=None) as (read, write),
+                source,
+                anyio.create_task_group() as tg,
             ):
-                yield streams
+                # the session reads the transport's messages through `sink`, where the lean leg puts the
+                # messages it reads that are the session's (the server's questions and notifications)
+                tg.start_soon(relay, read, sink)
+                raw.attach(sink)
+                try:
+                    yield source, write
+                finally:
+                    raw.detach()
+                    tg.cancel_scope.cancel()
 
     def _http_refusal(self) -> str | None:
         """Why an HTTP upstream refused the initialize POST (a 4xx, which the SDK reports only as an error
@@ -373,6 +388,8 @@ class Upstream:
                 ) from None
             self.session, self.state, self.error, self.next_retry_at = session, "ok", "", None
             self.raw.sdk_awaits = functools.partial(compat.awaits_response, session)
+            if isinstance(self.raw, HttpRawRequests):
+                self.raw.session_ready()
             if self._spooling is not None:
                 self._spooling.awaits = self.raw.sdk_awaits
             log.info("upstream %s: ready, %d tools", self.name, len(self.tools))

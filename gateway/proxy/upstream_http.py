@@ -27,6 +27,7 @@ from gateway.services import spill
 from gateway.services.spill import LineBuffer, Spiller
 
 log = logging.getLogger(__name__)
+SESSION_HEADERS = ("mcp-session-id", "mcp-protocol-version")  # what makes a POST part of the SDK's session
 DRAIN_SECONDS = 0.05  # how long a closed POST response is read to its end (a server that keeps it open)
 
 
@@ -46,8 +47,13 @@ class SpoolingTransport(httpx2.AsyncBaseTransport):
         # whether the SDK's session still waits for a response id (set once it runs): a late reply to a
         # cancelled call is dropped by the SDK, so the files its long strings left are released here
         self.awaits: Callable[[Any], bool] | None = None
+        self.session_headers: dict[str, str] | None = None  # SESSION_HEADERS of the SDK's latest POST
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        if request.method == "POST" and (
+            headers := {k: request.headers[k] for k in SESSION_HEADERS if k in request.headers}
+        ):
+            self.session_headers = headers  # the SDK session's: the lean leg sends its calls with them
         response = await self.inner.handle_async_request(request)
         if self.on_bytes is not None:
             self.on_bytes()  # the status line and headers

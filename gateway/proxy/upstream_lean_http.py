@@ -1,0 +1,280 @@
+"""The lean path's leg to a Streamable HTTP upstream: a plain `tools/call` POSTed beside the SDK's session.
+
+Through the SDK, every call to an HTTP upstream runs its client's per-POST task, memory streams, SSE
+handling and `ClientSession`, on httpx: measured, that leg was most of the gateway's CPU for a small
+call. Here the call's JSON-RPC request is POSTed with aiohttp (its HTTP parser is compiled) on the
+session the SDK opened (its `Mcp-Session-Id` and `MCP-Protocol-Version`, the configured headers), and the
+answer is read from the JSON body or the SSE events, as the SDK reads them:
+
+- the reply with this call's id settles it; a JSON-RPC error, an HTTP error (404: the session ended, as
+  the SDK says it), a body that is not JSON, or a stream that ends first settle it as the SDK would;
+- the call's progress resets its clock; every other message on its stream (the server's questions,
+  its logs, its notifications) goes to the SDK's session as if its own transport had read it;
+- long bodies and long SSE lines are spooled to disk as they stream, like the SDK leg's
+  (`upstream_http.SpoolingTransport`), and every response's bytes count as a sign of life.
+
+The interface is `lean.RawRequests`' (the stdio leg): `Upstream.start_lean` uses either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+from types import SimpleNamespace
+from typing import Any
+
+import anyio
+import mcp_types as types
+from mcp.shared.message import SessionMessage
+
+from gateway.proxy.lean import CLOSED, ID_PREFIX, Progress, Settle, _outcome
+from gateway.proxy.upstream_http import SpoolingTransport, _read, _read_event_line
+from gateway.services import spill
+from gateway.services.spill import LineBuffer
+
+log = logging.getLogger(__name__)
+
+CANCEL_SECONDS = 5.0  # a cancel's POST waits at most this long
+POST_HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+
+
+class HttpRawRequests:
+    """Requests POSTed to one Streamable HTTP upstream beside its `ClientSession` (`lean.RawRequests`' interface)."""
+
+    def __init__(self, url: str, headers: dict[str, str], spooling: SpoolingTransport, heard: Any) -> None:
+        self.url = url
+        self.headers = {k.lower(): v for k, v in headers.items()}
+        self.spooling = spooling  # its spiller, and the SDK session's headers it saw
+        # reads a spooled message back as `SpoolingTransport` does, but never drops it as a reply the SDK's
+        # session gave up on: this leg's replies are not the session's (a late one is dropped in `_post`)
+        self._reader = SimpleNamespace(spiller=spooling.spiller, awaits=None)
+        self.heard = heard
+        self._session: dict[str, str] | None = None  # the SDK session's headers, once it is ready
+        self._inject: anyio.abc.ObjectSendStream[SessionMessage | Exception] | None = None
+        self._client: Any = None  # aiohttp.ClientSession, made on the first call (aiohttp loads lazily)
+        self._pending: dict[str, tuple[asyncio.Task[None], Settle]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._ids = itertools.count(1)
+        self.sdk_awaits: Any = None
+
+    @property
+    def ready(self) -> bool:
+        return self._session is not None and self._inject is not None
+
+    def attach(self, inject: anyio.abc.ObjectSendStream[SessionMessage | Exception]) -> None:
+        """The SDK's transport is up; messages that are not this leg's go to its session through `inject`."""
+        self._inject = inject
+
+    def session_ready(self) -> None:
+        """The SDK's session finished its handshake: its headers (seen on its last POST) are this leg's."""
+        seen = self.spooling.session_headers
+        self._session = dict(seen) if seen is not None else None
+
+    def detach(self) -> None:
+        """The connection ended: every request still waiting fails as the SDK's would."""
+        self._session = self._inject = None
+        pending, self._pending = self._pending, {}
+        for task, settle in pending.values():
+            task.cancel()
+            try:
+                settle(CLOSED)
+            except Exception:  # one caller's failure leaves no other waiting
+                log.exception("a lean request could not be failed")
+        if self._client is not None:
+            client, self._client = self._client, None
+            self._spawn(client.close())
+
+    def start(
+        self, method: str, params: dict[str, Any], settle: Settle, on_progress: Progress | None = None
+    ) -> str | None:
+        """POST one request (in a task) and return its id; `settle` is called once with its result or
+        error. None when the leg is not ready (the caller takes the SDK's path)."""
+        if not self.ready:
+            return None
+        rid = f"{ID_PREFIX}{next(self._ids)}"
+        if on_progress is not None:
+            params = params | {"_meta": {**(params.get("_meta") or {}), "progressToken": rid}}
+        body = _encode({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
+        task = asyncio.get_running_loop().create_task(self._post(rid, body, on_progress))
+        self._pending[rid] = (task, settle)
+        return rid
+
+    def cancel(self, rid: str, reason: str = "caller cancelled") -> None:
+        """Stop waiting for `rid` (its `settle` is never called) and tell the upstream, as the SDK does."""
+        waiting = self._pending.pop(rid, None)
+        if waiting is None:
+            return  # answered already
+        waiting[0].cancel()
+        note = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": rid, "reason": reason}}
+        self._spawn(self._send_cancel(_encode(note)))
+
+    # -- the exchange ------------------------------------------------------------------------------
+
+    async def _post(self, rid: str, body: bytes, on_progress: Progress | None) -> None:
+        try:
+            outcome = await self._exchange(rid, body, on_progress)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the connection failed: as the SDK's transport answers it
+            log.debug("lean POST to %s failed: %s", self.url, exc)
+            outcome = CLOSED
+        waiting = self._pending.pop(rid, None)
+        if waiting is None:  # cancelled meanwhile: the files its long strings left go with it
+            if isinstance(outcome, dict):
+                spill.discard(outcome)
+            return
+        waiting[1](outcome)
+
+    async def _exchange(self, rid: str, body: bytes, on_progress: Progress | None) -> Any:
+        client = self._client or self._new_client()
+        async with client.post(self.url, data=body, headers=self._headers(), allow_redirects=False) as response:
+            self.heard()
+            kind = response.headers.get("content-type", "").lower()
+            if 300 <= response.status < 400:  # the SDK's session was not redirected: a call is not either
+                where = response.headers.get("location", "")
+                return types.ErrorData(code=types.INVALID_REQUEST, message=f"redirect to {where} not followed")
+            if response.status >= 400:
+                return await self._http_error(response, kind)
+            if response.status == 202:
+                return types.ErrorData(
+                    code=types.INVALID_REQUEST, message="server answered a request with 202 Accepted"
+                )
+            if kind.startswith("application/json"):
+                raw = await self._body(response)
+                return _outcome(raw) if isinstance(raw, dict) and ("result" in raw or "error" in raw) else _unread()
+            if kind.startswith("text/event-stream"):
+                return await self._events(rid, response, on_progress)
+            return types.ErrorData(code=types.INVALID_REQUEST, message=f"Unexpected content type: {kind}")
+
+    async def _http_error(self, response: Any, kind: str) -> types.ErrorData:
+        """A non-2xx answer as the SDK reads it: the JSON-RPC error in the body, else one for the status."""
+        if kind.startswith("application/json"):
+            try:
+                raw = json.loads(await response.read())
+                if isinstance(raw, dict) and isinstance(raw.get("error"), dict):
+                    return types.ErrorData.model_validate(raw["error"])
+            except ValueError:
+                pass
+        if response.status == 404:
+            if "mcp-session-id" not in (self._session or {}):
+                return types.ErrorData(code=types.METHOD_NOT_FOUND, message="Not Found")
+            return types.ErrorData(code=types.INVALID_REQUEST, message="Session terminated")
+        return types.ErrorData(code=types.INTERNAL_ERROR, message="Server returned an error response")
+
+    async def _body(self, response: Any) -> Any:
+        """A JSON body, spooled to disk as it streams once it is long (its long strings stay there)."""
+        body = LineBuffer(self.spooling.spiller)
+        try:
+            async for chunk in response.content.iter_any():
+                self.heard()
+                body.add(chunk)
+            done = body.take()
+            return json.loads(done if isinstance(done, bytes) else await _read(self._reader, done))
+        except ValueError:
+            return None
+        finally:
+            body.discard()
+
+    async def _events(self, rid: str, response: Any, on_progress: Progress | None) -> Any:
+        """The SSE events up to this call's reply; every other message goes to the SDK's session. The
+        stream is read to its end (the server closes it after the reply) so the connection is reused."""
+        line, outcome = LineBuffer(self.spooling.spiller), None
+        try:
+            async for chunk in response.content.iter_any():
+                self.heard()
+                begin, newline = 0, chunk.find(b"\n")
+                while newline >= 0:
+                    line.add(chunk[begin : newline + 1])
+                    done = line.take()
+                    text = done if isinstance(done, bytes) else await _read_event_line(self._reader, done)
+                    if text.startswith(b"data:") and outcome is None:
+                        outcome = await self._event(rid, text[5:], on_progress)
+                    begin, newline = newline + 1, chunk.find(b"\n", newline + 1)
+                if begin < len(chunk):
+                    line.add(chunk[begin:])
+        finally:
+            line.discard()
+        return CLOSED if outcome is None else outcome
+
+    async def _event(self, rid: str, data: bytes, on_progress: Progress | None) -> Any:
+        """One `data:` line: this call's outcome, or None when the message was someone else's."""
+        try:
+            raw = json.loads(data)
+        except ValueError:
+            log.warning("the upstream %s sent an event that is not JSON", self.url)
+            return None
+        if isinstance(raw, dict) and raw.get("id") == rid and "method" not in raw:
+            return _outcome(raw)
+        if isinstance(raw, dict) and raw.get("method") == "notifications/progress" and on_progress is not None:
+            params = raw.get("params")
+            if isinstance(params, dict) and params.get("progressToken") == rid:
+                on_progress()
+                return None
+        await self._to_sdk(raw)
+        return None
+
+    async def _to_sdk(self, raw: Any) -> None:
+        """A message the SDK's session handles (a question, a log, a notification), as its transport hands it."""
+        inject = self._inject
+        if inject is None:
+            return
+        try:
+            message: SessionMessage | Exception = SessionMessage(
+                types.jsonrpc_message_adapter.validate_python(raw, by_name=False)
+            )
+        except ValueError as exc:
+            message = exc
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+            await inject.send(message)
+
+    async def _send_cancel(self, body: bytes) -> None:
+        if not self.ready:
+            return
+        with anyio.move_on_after(CANCEL_SECONDS):
+            try:
+                client = self._client or self._new_client()
+                async with client.post(self.url, data=body, headers=self._headers(), allow_redirects=False) as response:
+                    await response.read()
+            except Exception as exc:  # best effort, as the SDK's cancel
+                log.debug("the cancel to %s was not delivered: %s", self.url, exc)
+
+    def _headers(self) -> dict[str, str]:
+        """A POST's headers as the SDK's transport sends them on its session: the configured ones, the
+        session's, and what the Streamable HTTP transport requires."""
+        return {**self.headers, **(self._session or {}), **POST_HEADERS}
+
+    def _new_client(self) -> Any:
+        import aiohttp
+
+        # no total timeout: a long call's stream may be quiet for long (the call's own clock and the
+        # health check notice a server that went away)
+        # connections are kept for the next call; proxies from the environment, as httpx takes them
+        self._client = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, connect=30), trust_env=True)
+        return self._client
+
+    def _spawn(self, work: Any) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+def _encode(message: dict[str, Any]) -> bytes:
+    # ASCII: a lone surrogate in an argument stays an escape (the SDK's writer refuses to send one)
+    return json.dumps(message, separators=(",", ":")).encode()
+
+
+def _unread() -> types.ErrorData:
+    return types.ErrorData(code=types.PARSE_ERROR, message="Failed to parse JSON response")
+
+
+async def relay(
+    source: anyio.abc.ObjectReceiveStream[SessionMessage | Exception],
+    sink: anyio.abc.ObjectSendStream[SessionMessage | Exception],
+) -> None:
+    """The SDK transport's messages on to its session (the lean leg sends into the same sink)."""
+    async with sink:
+        async for message in source:
+            await sink.send(message)
