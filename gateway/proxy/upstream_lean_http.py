@@ -180,8 +180,11 @@ class HttpRawRequests:
 
     async def _events(self, rid: str, response: Any, on_progress: Progress | None) -> Any:
         """The SSE events up to this call's reply; every other message goes to the SDK's session. The
-        stream is read to its end (the server closes it after the reply) so the connection is reused."""
+        stream is read to its end (the server closes it after the reply) so the connection is reused.
+        An event's `data:` lines are joined with newlines and the event is taken at its blank line, as
+        the SSE format says (and the SDK's reader does); only `message` events carry JSON-RPC."""
         line, outcome = LineBuffer(self.spooling.spiller), None
+        event = _Event()
         try:
             async for chunk in response.content.iter_any():
                 self.heard()
@@ -190,17 +193,21 @@ class HttpRawRequests:
                     line.add(chunk[begin : newline + 1])
                     done = line.take()
                     text = done if isinstance(done, bytes) else await _read_event_line(self._reader, done)
-                    if text.startswith(b"data:") and outcome is None:
-                        outcome = await self._event(rid, text[5:], on_progress)
+                    if (data := event.feed(text)) is not None:
+                        got = await self._event(rid, data, on_progress)
+                        outcome = outcome if outcome is not None else got
                     begin, newline = newline + 1, chunk.find(b"\n", newline + 1)
                 if begin < len(chunk):
                     line.add(chunk[begin:])
+            if (data := event.feed(b"")) is not None:  # the stream ended without the event's blank line
+                got = await self._event(rid, data, on_progress)
+                outcome = outcome if outcome is not None else got
         finally:
             line.discard()
         return CLOSED if outcome is None else outcome
 
     async def _event(self, rid: str, data: bytes, on_progress: Progress | None) -> Any:
-        """One `data:` line: this call's outcome, or None when the message was someone else's."""
+        """One event's data: this call's outcome, or None when the message was someone else's."""
         try:
             raw = json.loads(data)
         except ValueError:
@@ -259,6 +266,30 @@ class HttpRawRequests:
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+class _Event:
+    """One SSE event as its lines come: its data, once a blank line ends it."""
+
+    def __init__(self) -> None:
+        self.data: list[bytes] = []
+        self.kind = b""
+
+    def feed(self, line: bytes) -> bytes | None:
+        """The data of the event this line ends (its blank line), when it is a message; else None."""
+        line = line.rstrip(b"\r\n")
+        if not line:
+            data, kind, self.data, self.kind = self.data, self.kind, [], b""
+            return b"\n".join(data) if data and kind in (b"", b"message") else None
+        if line.startswith(b":"):  # a comment (a keep-alive)
+            return None
+        field, _, value = line.partition(b":")
+        value = value[1:] if value.startswith(b" ") else value
+        if field == b"data":
+            self.data.append(value)
+        elif field == b"event":
+            self.kind = value
+        return None
 
 
 def _encode(message: dict[str, Any]) -> bytes:
