@@ -12,8 +12,10 @@ a task through `Gateway.call`.
 
 Only what is plain takes this path; everything else goes through the SDK unchanged: a request asking
 for progress or (2026 era) a log level of its own, params with fields beyond `name`/`arguments`/`_meta`
-(a 2026 host's retry with its answers), a host connection that has not spoken yet, HTTP upstreams.
-The HTTP front has a lean path of its own (`lean_http.py`) that ends in the same `Gateway.call`. A
+(a 2026 host's retry with its answers), a host connection that has not spoken yet, upstreams on the
+older HTTP+SSE transport. A Streamable HTTP upstream gets the call POSTed beside its session
+(`upstream_lean_http.py`, this module's `RawRequests` interface). The HTTP front has a lean path of its
+own (`lean_http.py`) that ends in the same `Gateway.call`. A
 2026-era host's call runs in a task (`run_modern`): an upstream's question becomes its
 `input_required` answer, as on the SDK's path. Cancellation is kept both ways:
 the host's `notifications/cancelled` stops the call (no answer is sent, as the SDK does) and the

@@ -23,6 +23,7 @@ import contextlib
 import itertools
 import json
 import logging
+from collections import deque
 from types import SimpleNamespace
 from typing import Any
 
@@ -31,13 +32,16 @@ import mcp_types as types
 from mcp.shared.message import SessionMessage
 
 from gateway.proxy.lean import CLOSED, ID_PREFIX, Progress, Settle, _outcome
-from gateway.proxy.upstream_http import SpoolingTransport, _read, _read_event_line
+from gateway.proxy.upstream_http import DRAIN_SECONDS, SpoolingTransport, _read, _read_event_line
 from gateway.services import spill
 from gateway.services.spill import LineBuffer
 
 log = logging.getLogger(__name__)
 
 CANCEL_SECONDS = 5.0  # a cancel's POST waits at most this long
+MAX_REDIRECTS = 20  # same-origin 307/308 redirects followed, as httpx's client follows them for the SDK
+RESUME_ATTEMPTS = 2  # GETs with Last-Event-ID after a stream ends before its reply (the SDK's count)
+RESUME_DELAY = 1.0  # seconds before one, unless the server said (`retry:`)
 POST_HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
 
 
@@ -59,6 +63,7 @@ class HttpRawRequests:
         self._tasks: set[asyncio.Task[None]] = set()
         self._ids = itertools.count(1)
         self.sdk_awaits: Any = None
+        self._warned = False  # a failing call was logged at warning (once per connection)
 
     @property
     def ready(self) -> bool:
@@ -113,41 +118,63 @@ class HttpRawRequests:
 
     # -- the exchange ------------------------------------------------------------------------------
 
-    async def _post(self, rid: str, body: bytes, on_progress: Progress | None) -> None:
-        try:
-            outcome = await self._exchange(rid, body, on_progress)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # the connection failed: as the SDK's transport answers it
-            log.debug("lean POST to %s failed: %s", self.url, exc)
-            outcome = CLOSED
+    def _settle(self, rid: str, outcome: Any) -> None:
+        """`rid`'s outcome to its caller, once; a reply nobody waits for any more leaves no files behind."""
         waiting = self._pending.pop(rid, None)
-        if waiting is None:  # cancelled meanwhile: the files its long strings left go with it
+        if waiting is None:
             if isinstance(outcome, dict):
                 spill.discard(outcome)
             return
         waiting[1](outcome)
 
-    async def _exchange(self, rid: str, body: bytes, on_progress: Progress | None) -> Any:
-        client = self._client or self._new_client()
-        async with client.post(self.url, data=body, headers=self._headers(), allow_redirects=False) as response:
-            self.heard()
-            kind = response.headers.get("content-type", "").lower()
-            if 300 <= response.status < 400:  # the SDK's session was not redirected: a call is not either
-                where = response.headers.get("location", "")
-                return types.ErrorData(code=types.INVALID_REQUEST, message=f"redirect to {where} not followed")
-            if response.status >= 400:
-                return await self._http_error(response, kind)
-            if response.status == 202:
-                return types.ErrorData(
-                    code=types.INVALID_REQUEST, message="server answered a request with 202 Accepted"
+    async def _post(self, rid: str, body: bytes, on_progress: Progress | None) -> None:
+        try:
+            await self._exchange(rid, body, on_progress)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the connection failed: as the SDK's transport answers it
+            if not self._warned:  # the SDK's path would meet the same cause: said once, not per call
+                self._warned = True
+                log.warning(
+                    "a lean call to %s failed (%s: %s); later ones are logged at debug",
+                    self.url,
+                    type(exc).__name__,
+                    exc,
                 )
-            if kind.startswith("application/json"):
-                raw = await self._body(response)
-                return _outcome(raw) if isinstance(raw, dict) and ("result" in raw or "error" in raw) else _unread()
-            if kind.startswith("text/event-stream"):
-                return await self._events(rid, response, on_progress)
-            return types.ErrorData(code=types.INVALID_REQUEST, message=f"Unexpected content type: {kind}")
+            else:
+                log.debug("lean POST to %s failed: %s", self.url, exc)
+        self._settle(rid, CLOSED)  # no-op once settled
+
+    async def _exchange(self, rid: str, body: bytes, on_progress: Progress | None) -> None:
+        client = self._client or self._new_client()
+        url = self.url
+        for _ in range(MAX_REDIRECTS + 1):
+            async with client.post(url, data=body, headers=self._headers(), allow_redirects=False) as response:
+                self.heard()
+                if response.status in (307, 308) and (url := _within_origin(url, response)) is not None:
+                    await response.read()  # the connection goes back to the pool
+                    continue
+                kind = response.headers.get("content-type", "").lower()
+                if kind.startswith("text/event-stream") and response.status < 300:
+                    await self._stream(rid, response, on_progress)
+                else:
+                    self._settle(rid, await self._answer(response, kind))
+                return
+        self._settle(rid, types.ErrorData(code=types.INVALID_REQUEST, message="too many redirects"))
+
+    async def _answer(self, response: Any, kind: str) -> Any:
+        """A reply that is not an event stream, as the SDK reads it."""
+        if 300 <= response.status < 400:  # a redirect the SDK would not follow either
+            where = _shown(response.headers.get("location", ""), self.url)
+            return types.ErrorData(code=types.INVALID_REQUEST, message=f"Redirect to {where} not followed")
+        if response.status >= 400:
+            return await self._http_error(response, kind)
+        if response.status == 202:
+            return types.ErrorData(code=types.INVALID_REQUEST, message="server answered a request with 202 Accepted")
+        if kind.startswith("application/json"):
+            raw = await self._body(response)
+            return _outcome(raw) if isinstance(raw, dict) and ("result" in raw or "error" in raw) else _unread()
+        return types.ErrorData(code=types.INVALID_REQUEST, message=f"Unexpected content type: {kind}")
 
     async def _http_error(self, response: Any, kind: str) -> types.ErrorData:
         """A non-2xx answer as the SDK reads it: the JSON-RPC error in the body, else one for the status."""
@@ -178,41 +205,55 @@ class HttpRawRequests:
         finally:
             body.discard()
 
-    async def _events(self, rid: str, response: Any, on_progress: Progress | None) -> Any:
-        """The SSE events up to this call's reply; every other message goes to the SDK's session. The
-        stream is read to its end (the server closes it after the reply) so the connection is reused.
-        An event's `data:` lines are joined with newlines and the event is taken at its blank line, as
-        the SSE format says (and the SDK's reader does); only `message` events carry JSON-RPC."""
-        line, outcome = LineBuffer(self.spooling.spiller), None
-        event = _Event()
+    async def _stream(self, rid: str, response: Any, on_progress: Progress | None) -> None:
+        """The call's event stream: settled at its reply, as the SDK is; every other message goes to the
+        SDK's session. After the reply the stream is read on briefly (the server closes it then) so the
+        connection can be reused. A stream that ends first is resumed from its last event id with GETs,
+        as the SDK's client does; without an id, the call fails as there."""
+        reader = _Sse(self, response)
         try:
-            async for chunk in response.content.iter_any():
-                self.heard()
-                begin, newline = 0, chunk.find(b"\n")
-                while newline >= 0:
-                    line.add(chunk[begin : newline + 1])
-                    done = line.take()
-                    text = done if isinstance(done, bytes) else await _read_event_line(self._reader, done)
-                    if (data := event.feed(text)) is not None:
-                        got = await self._event(rid, data, on_progress)
-                        outcome = outcome if outcome is not None else got
-                    begin, newline = newline + 1, chunk.find(b"\n", newline + 1)
-                if begin < len(chunk):
-                    line.add(chunk[begin:])
-            if (data := event.feed(b"")) is not None:  # the stream ended without the event's blank line
-                got = await self._event(rid, data, on_progress)
-                outcome = outcome if outcome is not None else got
+            if await self._until_reply(rid, reader, on_progress):
+                with anyio.move_on_after(DRAIN_SECONDS):
+                    while (data := await reader.next()) is not None:
+                        await self._event(rid, data, on_progress)
+                return
         finally:
-            line.discard()
-        return CLOSED if outcome is None else outcome
+            reader.close()
+        for _ in range(RESUME_ATTEMPTS):
+            if reader.last_id is None:
+                break
+            await anyio.sleep(reader.retry)
+            headers = {**self._headers(), "last-event-id": reader.last_id}
+            client = self._client or self._new_client()
+            async with client.get(self.url, headers=headers, allow_redirects=False) as again:
+                self.heard()
+                kind = again.headers.get("content-type", "").lower()
+                if again.status != 200 or not kind.startswith("text/event-stream"):
+                    break
+                reader = _Sse(self, again, reader.last_id, reader.retry)
+                try:
+                    if await self._until_reply(rid, reader, on_progress):
+                        return
+                finally:
+                    reader.close()
+        self._settle(rid, CLOSED)
+
+    async def _until_reply(self, rid: str, reader: _Sse, on_progress: Progress | None) -> bool:
+        """Events until this call's reply, which settles it: True; False when the stream ended first."""
+        while (data := await reader.next()) is not None:
+            if (outcome := await self._event(rid, data, on_progress)) is not None:
+                self._settle(rid, outcome)
+                return True
+        return False
 
     async def _event(self, rid: str, data: bytes, on_progress: Progress | None) -> Any:
         """One event's data: this call's outcome, or None when the message was someone else's."""
+        if not data.strip():  # a priming event (an id to resume from, no message)
+            return None
         try:
             raw = json.loads(data)
-        except ValueError:
-            log.warning("the upstream %s sent an event that is not JSON", self.url)
-            return None
+        except ValueError as exc:  # as the SDK answers an event it cannot read
+            return types.ErrorData(code=types.PARSE_ERROR, message=f"Failed to parse SSE event: {exc}")
         if isinstance(raw, dict) and raw.get("id") == rid and "method" not in raw:
             return _outcome(raw)
         if isinstance(raw, dict) and raw.get("method") == "notifications/progress" and on_progress is not None:
@@ -258,8 +299,16 @@ class HttpRawRequests:
 
         # no total timeout: a long call's stream may be quiet for long (the call's own clock and the
         # health check notice a server that went away)
-        # connections are kept for the next call; proxies from the environment, as httpx takes them
-        self._client = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, connect=30), trust_env=True)
+        import httpcore2
+
+        # as the SDK's client connects: no proxy or .netrc from the environment (its httpx client has a
+        # transport of its own, so it takes none), TLS trusted as httpcore trusts it (the system's store);
+        # connections are kept for the next call
+        self._client = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=None, connect=30),
+            trust_env=False,
+            connector=aiohttp.TCPConnector(ssl=httpcore2.default_ssl_context()),
+        )
         return self._client
 
     def _spawn(self, work: Any) -> None:
@@ -268,12 +317,71 @@ class HttpRawRequests:
         task.add_done_callback(self._tasks.discard)
 
 
-class _Event:
-    """One SSE event as its lines come: its data, once a blank line ends it."""
+class _Sse:
+    """A response's SSE events, read as they stream: their lines split at LF, CRLF or CR, a long line
+    spooled to disk (its JSON read back with its long strings left there)."""
 
-    def __init__(self) -> None:
+    def __init__(self, owner: HttpRawRequests, response: Any, last_id: str | None = None, retry: float = RESUME_DELAY):
+        self.owner = owner
+        self.chunks = response.content.iter_any()
+        self.line = LineBuffer(owner.spooling.spiller)
+        self.event = _Event(last_id, retry)
+        self.lines: deque[bytes] = deque()
+        self.held = b""  # a CR that ended a chunk: its LF may open the next one
+
+    @property
+    def last_id(self) -> str | None:
+        return self.event.last_id
+
+    @property
+    def retry(self) -> float:
+        return self.event.retry
+
+    async def next(self) -> bytes | None:
+        """The next message event's data; None once the stream ends."""
+        while True:
+            while self.lines:
+                if (data := self.event.feed(self.lines.popleft())) is not None:
+                    return data
+            chunk = await anext(self.chunks, None)
+            if chunk is None:  # the stream ended: its last line and event, even without their ends
+                done, self.held = self.line.take(), b""
+                last = done if isinstance(done, bytes) else await _read_event_line(self.owner._reader, done)
+                if last:
+                    self.event.feed(last)
+                return self.event.feed(b"")
+            self.owner.heard()
+            await self._split(self.held + chunk)
+
+    def close(self) -> None:
+        """A line left half-read (the stream given up on) leaves no spool file behind."""
+        self.line.discard()
+
+    async def _split(self, chunk: bytes) -> None:
+        self.held = b""
+        if chunk.endswith(b"\r"):
+            chunk, self.held = chunk[:-1], b"\r"
+        if b"\r" in chunk:
+            chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        begin, newline = 0, chunk.find(b"\n")
+        while newline >= 0:
+            self.line.add(chunk[begin : newline + 1])
+            done = self.line.take()
+            self.lines.append(done if isinstance(done, bytes) else await _read_event_line(self.owner._reader, done))
+            begin, newline = newline + 1, chunk.find(b"\n", newline + 1)
+        if begin < len(chunk):
+            self.line.add(chunk[begin:])
+
+
+class _Event:
+    """One SSE event as its lines come: its data, once a blank line ends it; the stream's last event id
+    and its retry delay (for resuming it)."""
+
+    def __init__(self, last_id: str | None = None, retry: float = RESUME_DELAY) -> None:
         self.data: list[bytes] = []
         self.kind = b""
+        self.last_id = last_id
+        self.retry = retry
 
     def feed(self, line: bytes) -> bytes | None:
         """The data of the event this line ends (its blank line), when it is a message; else None."""
@@ -289,7 +397,43 @@ class _Event:
             self.data.append(value)
         elif field == b"event":
             self.kind = value
+        elif field == b"id" and b"\0" not in value:
+            self.last_id = value.decode("utf-8", "replace")
+        elif field == b"retry" and value.isdigit():
+            self.retry = int(value) / 1000
         return None
+
+
+def _within_origin(url: str, response: Any) -> str | None:
+    """Where a 307/308 answer sends the POST when the SDK's client would follow it (same scheme, host and
+    port, or http to https on the same host's default ports; no userinfo of its own); else None."""
+    import httpx2
+
+    location = response.headers.get("location")
+    if not location:
+        return None
+    here, there = httpx2.URL(url), httpx2.URL(url).join(location)
+    if there.userinfo and there.userinfo != here.userinfo:
+        return None
+    same = (here.scheme, here.host, here.port) == (there.scheme, there.host, there.port)
+    upgrade = here.host == there.host and (here.scheme, here.port, there.scheme, there.port) == (
+        "http",
+        None,
+        "https",
+        None,
+    )
+    return str(there) if same or upgrade else None
+
+
+def _shown(location: str, base: str) -> str:
+    """A redirect's target as a message may show it: no userinfo, query or fragment."""
+    import httpx2
+
+    try:
+        there = httpx2.URL(base).join(location)
+        return str(there.copy_with(userinfo=b"", query=None, fragment=None))
+    except Exception:  # not a URL
+        return "another address"
 
 
 def _encode(message: dict[str, Any]) -> bytes:
@@ -308,4 +452,7 @@ async def relay(
     """The SDK transport's messages on to its session (the lean leg sends into the same sink)."""
     async with sink:
         async for message in source:
-            await sink.send(message)
+            try:
+                await sink.send(message)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                return  # the session is gone (the connection is closing)

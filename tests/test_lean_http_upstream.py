@@ -1,0 +1,146 @@
+"""The lean path's leg to a Streamable HTTP upstream (`proxy/upstream_lean_http.py`) against a hand-written
+upstream that answers the ways a server may (a stream kept open after the reply, a same-origin redirect,
+a priming event and a resumed stream, an event over several `data:` lines, bare CR line ends, an event
+that is not JSON): each outcome is the one the SDK's own client gets from the same answer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import httpx2
+import mcp_types as types
+import pytest
+from aiohttp import web
+from mcp import ClientSession, MCPError
+from mcp.client.streamable_http import streamable_http_client
+
+from gateway.proxy.upstream_http import SpoolingTransport
+from gateway.proxy.upstream_lean_http import HttpRawRequests
+
+pytestmark = pytest.mark.anyio
+
+RESULT = {"content": [{"type": "text", "text": "ok"}], "isError": False}
+
+
+class Upstream:
+    """A Streamable HTTP server answering `tools/call` in the way `scenario` names."""
+
+    def __init__(self, scenario: str):
+        self.scenario = scenario
+        self.pending: Any = None
+        self.release = asyncio.Event()  # a stream kept open stays so until the test ends
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if request.method == "GET":
+            if self.scenario == "resume" and request.headers.get("last-event-id") == "e1":
+                return await self._events(request, f"id: e2\ndata: {self._reply(self.pending)}\n\n")
+            return web.Response(status=405)
+        if request.method == "DELETE":
+            return web.Response(status=200)
+        if self.scenario == "redirect" and request.path == "/mcp":
+            return web.Response(status=307, headers={"location": "/mcp/"})
+        message = await request.json()
+        if "id" not in message:
+            return web.Response(status=202)
+        rid, method = message["id"], message["method"]
+        if method == "initialize":
+            result = {
+                "protocolVersion": "2025-11-25",
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": "u", "version": "1"},
+            }
+            return web.json_response({"jsonrpc": "2.0", "id": rid, "result": result}, headers={"mcp-session-id": "S1"})
+        if method != "tools/call":  # the listing the SDK's client asks for before a call
+            return web.json_response({"jsonrpc": "2.0", "id": rid, "result": {"tools": []}})
+        reply = self._reply(rid)
+        if self.scenario == "keep_open":  # the reply, then the stream stays open
+            response = await self._events(request, f"event: message\ndata: {reply}\n\n", end=False)
+            await self.release.wait()
+            return response
+        if self.scenario == "resume":  # a priming event, then the server closes; the reply comes on a GET
+            self.pending = rid
+            return await self._events(request, "id: e1\nretry: 50\ndata: \n\n")
+        text = {
+            "redirect": f"data: {reply}\n\n",
+            "priming": f"id: e1\ndata: \n\nid: e2\ndata: {reply}\n\n",
+            "multiline": "event: message\n"
+            + "".join(f"data: {line}\n" for line in json.dumps(json.loads(reply), indent=1).split("\n"))
+            + "\n",
+            "cr_only": f"event: message\rdata: {reply}\r\r",
+            "not_json": "data: {not json\n\n",
+        }[self.scenario]
+        return await self._events(request, text)
+
+    @staticmethod
+    def _reply(rid: Any) -> str:
+        return json.dumps({"jsonrpc": "2.0", "id": rid, "result": RESULT})
+
+    @staticmethod
+    async def _events(request: web.Request, text: str, end: bool = True) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(text.encode())
+        if end:
+            await response.write_eof()
+        return response
+
+
+@asynccontextmanager
+async def serving(upstream: Upstream) -> AsyncIterator[str]:
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", upstream.handle)
+    runner = web.AppRunner(app, shutdown_timeout=1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        upstream.release.set()
+        await runner.cleanup()
+
+
+async def both_ways(scenario: str) -> tuple[Any, Any]:
+    """The SDK client's outcome of one call and the lean leg's, on the session the SDK opened."""
+    upstream = Upstream(scenario)
+    async with serving(upstream) as url:
+        spooling = SpoolingTransport(None)
+        async with (
+            httpx2.AsyncClient(transport=spooling, timeout=httpx2.Timeout(30, read=None)) as http,
+            streamable_http_client(url, http_client=http) as (read, write),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            try:
+                with anyio.fail_after(10):
+                    sdk: Any = (await session.call_tool("x", {})).content[0].text  # type: ignore[union-attr]
+            except MCPError as exc:
+                sdk = exc.error.code
+            sink, source = anyio.create_memory_object_stream[Any](0)
+            lean = HttpRawRequests(url, {}, spooling, lambda: None)
+            lean.attach(sink)
+            lean.session_ready()
+            settled = asyncio.get_running_loop().create_future()
+            async with source:
+                with anyio.fail_after(10):  # before: a stream kept open never settled the call
+                    lean.start("tools/call", {"name": "x", "arguments": {}}, settled.set_result)
+                    outcome = await settled
+            lean.detach()
+    return sdk, outcome["content"][0]["text"] if isinstance(outcome, dict) else outcome.code
+
+
+@pytest.mark.parametrize("scenario", ["keep_open", "redirect", "resume", "priming", "multiline", "cr_only"])
+async def test_the_lean_leg_reads_each_answer_as_the_sdk_does(scenario: str) -> None:
+    sdk, lean = await both_ways(scenario)
+    assert sdk == lean == "ok"
+
+
+async def test_an_event_that_is_not_json_fails_the_call_on_both_paths() -> None:
+    sdk, lean = await both_ways("not_json")
+    assert sdk == lean == types.PARSE_ERROR
