@@ -6,8 +6,10 @@ call. Here the call's JSON-RPC request is POSTed with aiohttp (its HTTP parser i
 session the SDK opened (its `Mcp-Session-Id` and `MCP-Protocol-Version`, the configured headers), and the
 answer is read from the JSON body or the SSE events, as the SDK reads them:
 
-- the reply with this call's id settles it; a JSON-RPC error, an HTTP error (404: the session ended, as
-  the SDK says it), a body that is not JSON, or a stream that ends first settle it as the SDK would;
+- the reply with this call's id settles it at once (the stream is read on briefly, so the connection
+  is reused); a JSON-RPC error, an HTTP error (404: the session ended, as the SDK says it), a body or
+  event that is not JSON settle it as the SDK would; a same-origin 307/308 is followed and a stream that
+  ends before the reply is resumed from its last event id, as the SDK's client does;
 - the call's progress resets its clock; every other message on its stream (the server's questions,
   its logs, its notifications) goes to the SDK's session as if its own transport had read it;
 - long bodies and long SSE lines are spooled to disk as they stream, like the SDK leg's
