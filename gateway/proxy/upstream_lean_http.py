@@ -298,14 +298,12 @@ class HttpRawRequests:
 
     def _new_client(self) -> Any:
         import aiohttp
-
-        # no total timeout: a long call's stream may be quiet for long (the call's own clock and the
-        # health check notice a server that went away)
         import httpcore2
 
         # as the SDK's client connects: no proxy or .netrc from the environment (its httpx client has a
         # transport of its own, so it takes none), TLS trusted as httpcore trusts it (the system's store);
-        # connections are kept for the next call
+        # no total timeout (a long call's stream may be quiet for long: the call's own clock and the
+        # health check notice a server that went away); connections are kept for the next call
         self._client = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=None, connect=30),
             trust_env=False,
