@@ -387,11 +387,13 @@ class Upstream:
                     "(a first npx run downloads packages: raise init_timeout_seconds)"
                 ) from None
             self.session, self.state, self.error, self.next_retry_at = session, "ok", "", None
-            self.raw.sdk_awaits = functools.partial(compat.awaits_response, session)
+            awaits = functools.partial(compat.awaits_response, session)
             if isinstance(self.raw, HttpRawRequests):
                 self.raw.session_ready()
+            else:
+                self.raw.sdk_awaits = awaits
             if self._spooling is not None:
-                self._spooling.awaits = self.raw.sdk_awaits
+                self._spooling.awaits = awaits
             log.info("upstream %s: ready, %d tools", self.name, len(self.tools))
             self.ready.set()
             await self._notify()

@@ -30,6 +30,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import anyio
+import httpx2
 import mcp_types as types
 from mcp.shared.message import SessionMessage
 
@@ -64,7 +65,6 @@ class HttpRawRequests:
         self._pending: dict[str, tuple[asyncio.Task[None], Settle]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._ids = itertools.count(1)
-        self.sdk_awaits: Any = None
         self._warned = False  # a failing call was logged at warning (once per connection)
 
     @property
@@ -407,8 +407,6 @@ class _Event:
 def _within_origin(url: str, response: Any) -> str | None:
     """Where a 307/308 answer sends the POST when the SDK's client would follow it (same scheme, host and
     port, or http to https on the same host's default ports; no userinfo of its own); else None."""
-    import httpx2
-
     location = response.headers.get("location")
     if not location:
         return None
@@ -427,8 +425,6 @@ def _within_origin(url: str, response: Any) -> str | None:
 
 def _shown(location: str, base: str) -> str:
     """A redirect's target as a message may show it: no userinfo, query or fragment."""
-    import httpx2
-
     try:
         there = httpx2.URL(base).join(location)
         return str(there.copy_with(userinfo=b"", query=None, fragment=None))
