@@ -20,7 +20,16 @@ from gateway.services.text import dumps
 from plugins.offload.json_file import children
 from plugins.offload.paths import Step, format_path
 from plugins.offload.table_jsonl import SMALL_LIMIT_BYTES, object_size
-from plugins.offload.tables import MAIN, MAX_COLUMNS, Names, Table, quote, unique_column, untangle
+from plugins.offload.tables import (
+    MAIN,
+    MAX_COLUMNS,
+    Names,
+    Table,
+    quote,
+    start_larger,
+    unique_column,
+    untangle,
+)
 
 SMALL_MAP = 4  # a small object is a table too when all of its (at least this many) values are objects
 DOC_BYTES = 16 * 1024 * 1024  # documents up to this size are also one JSON value in `doc`
@@ -74,12 +83,12 @@ def load(conn: Any, path: Path, scratch: Path, stop: threading.Event, parts: lis
     for i, part in enumerate(candidates(path) if parts is None else parts):
         name = MAIN if i == 0 else names.claim("_".join(str(s) for s in part.steps) or "root")
         tables.append(_load_part(conn, path, part, name, scratch, stop))
-    if path.stat().st_size <= DOC_BYTES:
-        if path.stat().st_size > SMALL_LIMIT_BYTES and hasattr(conn, "grow"):
-            conn.grow()  # DuckDB parses the document whole: 1.6 MB of nested JSON failed at the small limit
+    if (size := path.stat().st_size) <= DOC_BYTES:
+        if size > SMALL_LIMIT_BYTES:
+            start_larger(conn)  # DuckDB parses the document whole: 1.6 MB of nested JSON failed at the small limit
         conn.execute(
             "CREATE TABLE doc AS SELECT json FROM read_json_objects(?, format='unstructured', "
-            f"maximum_object_size={object_size(path.stat().st_size)})",
+            f"maximum_object_size={object_size(size)})",
             [str(path)],
         )
         tables.append(Table("doc", "whole document (one row, column json)"))
@@ -131,8 +140,8 @@ def _load_raw(
     longest = _cut(path, span, scratch, stop, pieces)
     if not pieces:
         return None
-    if part.rows * _nested_width(pieces[0]) > NESTED_CELLS and hasattr(conn, "grow"):
-        conn.grow()  # the small memory limit would fail this statement: it would run twice
+    if part.rows * _nested_width(pieces[0]) > NESTED_CELLS:
+        start_larger(conn)
     table = Table(name, format_path(list(part.steps)))
     try:
         conn.execute(
@@ -305,8 +314,8 @@ def _load_rows(
         fh.close()
     files = [str(p) for p in pieces]
     table = Table(name, format_path(steps))
-    if (longest > LONG_ROW or len(fields) > WIDE_ROW or rows * len(nested) > NESTED_CELLS) and hasattr(conn, "grow"):
-        conn.grow()  # the small memory limit would fail this statement: it would run twice
+    if longest > LONG_ROW or len(fields) > WIDE_ROW or rows * len(nested) > NESTED_CELLS:
+        start_larger(conn)
     if len(fields) > MAX_COLUMNS:  # a wide, sparse part: one JSON value a row, not a column a key
         conn.execute(
             f"CREATE TABLE {quote(name)} AS SELECT json FROM read_json_objects(?, format='newline_delimited', "

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from plugins.offload.tables import MAIN, MAX_COLUMNS, Table, untangle
+from plugins.offload.tables import MAIN, MAX_COLUMNS, Table, start_larger, untangle
 
 
 def detect(path: Path) -> bool:
@@ -47,8 +47,8 @@ SMALL_LIMIT_BYTES = 1 << 20
 
 def load(conn: Any, path: Path) -> Table:
     size = object_size(longest_line(path))
-    if path.stat().st_size > SMALL_LIMIT_BYTES and hasattr(conn, "grow"):
-        conn.grow()
+    if path.stat().st_size > SMALL_LIMIT_BYTES:
+        start_larger(conn)
     keys = conn.execute(
         "SELECT count(DISTINCT k) FROM (SELECT unnest(json_keys(json)) AS k FROM "
         f"read_json_objects(?, format='newline_delimited', maximum_object_size={size}))",

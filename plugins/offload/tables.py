@@ -92,6 +92,13 @@ def unique_column(wanted: str, existing: list[str]) -> str:
     return name
 
 
+def start_larger(conn: Any) -> None:
+    """Give the next statements the conversion's larger memory limit now, where the first would fail
+    and the statement run twice (a worker's `sql_worker._Growing`; a plain connection keeps its one limit)."""
+    if hasattr(conn, "grow"):
+        conn.grow()
+
+
 def untangle(conn: Any, table: Table) -> None:
     """A column DuckDB typed JSON because its values mix types (a title that is sometimes a number)
     becomes text when none of its values is an object or array, so it compares and prints as text."""
