@@ -34,12 +34,15 @@ LONG_SESSION = 1_500
 HUGE_NOTES = 300
 
 
-def _write_session(folder: Path, session_id: str, texts: list[str]) -> None:
-    """A session's log as the gateway writes it (one JSON line per note), made before the gateway starts."""
+def _write_session(folder: Path, session_id: str, texts: list[str], tokens: int | None = None) -> None:
+    """A session's log as the gateway writes it (one JSON line per note), made before the gateway starts;
+    `tokens`: each note's count as the gateway records it (without it, a reader counts every note)."""
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / f"{session_id}.jsonl", "w", encoding="utf-8") as fh:
         for i, text in enumerate(texts, 1):
             record = {"type": "entry", "id": f"e{i:05d}", "ts": 1_700_000_000 + i, "text": text, "pinned": False}
+            if tokens is not None:
+                record["tokens"] = tokens
             fh.write(json.dumps(record) + "\n")
 
 
@@ -107,7 +110,13 @@ async def test_sessions_held_in_memory_stay_bounded_and_lose_no_note(tmp_path: P
     """After 60 sessions and one of 40 MB, the gateway holds a bounded number of them and of their bytes
     (every session touched stayed in memory for good, and a lock per session with it); every note is
     still recalled, and a session read back from its log goes on with the next id."""
-    _write_session(tmp_path / "ws" / "sessions", "huge", [f"huge-{i} " + "x" * 200_000 for i in range(200)])
+    from gateway.services.tokens import estimate_tokens
+
+    # each note's count recorded as the gateway records it when it appends one (sessions.py): without it
+    # every read of this 40 MB log counts every note with this process's real tokenizers (~8 s a read,
+    # twice here); the notes differ in a digit or two only, so one count stands for each
+    tokens = estimate_tokens("huge-0 " + "x" * 200_000)
+    _write_session(tmp_path / "ws" / "sessions", "huge", [f"huge-{i} " + "x" * 200_000 for i in range(200)], tokens)
     async with inproc(make_settings(tmp_path, {}, plugins=["memory"], budget=4000)) as (gateway, s):
         (memory,) = [p for p in gateway.pipeline.plugins if p.name == "memory"]
         found = await ok(s, "context_recall", {"session_id": "huge", "query": "huge-7", "max_tokens": 200_000})
