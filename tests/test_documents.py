@@ -300,7 +300,10 @@ async def test_one_caller_ingests_one_document_at_a_time(tmp_path: Path) -> None
 
     cmd, port = two_tenants(tmp_path, {}, ["documents"])
     url = f"http://127.0.0.1:{port}/mcp"
-    body = "".join(f"# Part {i}\n\n" + f"word{i} getUserName{i} 세션을 찾는다 " * 400 + "\n\n" for i in range(600))
+    # 1.7 MB (it was 7 MB): its chunking and indexing still take ~3-4 s here while bob ingests too, past
+    # alice's 2 s wait for a place (shares.Pool.wait_own), so a2 and a3 are told to wait; with no
+    # per-caller limit none of hers would be (a document of any size that takes over ~1 s shows it)
+    body = "".join(f"# Part {i}\n\n" + f"word{i} getUserName{i} 세션을 찾는다 " * 400 + "\n\n" for i in range(150))
     with serving(cmd, f"http://127.0.0.1:{port}/nothing", gateway_env()):
         async with tenant_session(url, ALICE) as alice, tenant_session(url, BOB) as bob:
             answers: dict[str, Any] = {}
