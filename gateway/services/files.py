@@ -115,6 +115,17 @@ def file_version(path: Path) -> FileVersion:
     return (str(path), st.st_size, st.st_mtime_ns)
 
 
+def same_bytes(a: Path, b: Path, piece: int = 1024 * 1024) -> bool:
+    """Whether two files hold the same bytes (read side by side, a megabyte at a time)."""
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        while True:
+            x, y = fa.read(piece), fb.read(piece)
+            if x != y:
+                return False
+            if not x:
+                return True
+
+
 def atomic_write(path: Path, data: bytes | str | Callable[[IO[bytes]], Any], *, sync: bool = True) -> int:
     """Write `path` through a temp file beside it and a rename: readers see the old file or the whole
     new one, never a torn one. `data` may be a function that writes to the open binary file (for

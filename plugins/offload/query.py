@@ -1,7 +1,8 @@
 """response_query: DuckDB SQL over one offloaded result, read-only and confined to it.
 
 Each result is converted once to a DuckDB file beside it (`.<name>.duckdb`, removed with the result by
-the TTL and `clean`). Each shape has a loader of its own (`loaders.py`): `table_json` (arrays of records
+the TTL and `clean`); a result holding the bytes of an earlier one in the same folder (the same
+caller's) shares that file, hard-linked, instead of being converted again. Each shape has a loader of its own (`loaders.py`): `table_json` (arrays of records
 and maps, the largest `items`, and `doc`), `table_csv` (typed columns, missing values NULL),
 `table_jsonl`, and `table_lines` (`lines(n, text)` for every text result). A query then opens that file
 read-only, with DuckDB's own controls: no file or network access (`enable_external_access = false`), the
@@ -44,7 +45,7 @@ from anyio import NoEventLoopError
 import plugins.offload.table_json as table_json
 from gateway.args import ToolInputError
 from gateway.services import shares
-from gateway.services.files import VersionedCache, atomic_write, process_alive, temp_beside
+from gateway.services.files import VersionedCache, atomic_write, process_alive, same_bytes, temp_beside
 from plugins.offload.json_file import BrokenJSON
 from plugins.offload.paths import PathError
 from plugins.offload.sql_worker import LINE_BYTES, PARENT_ENV, STARTED, TIME_EXIT
@@ -75,6 +76,8 @@ _RUNNING_LOCK = threading.Lock()
 _ROOT = str(Path(__file__).resolve().parent.parent.parent)  # the folder holding `plugins`
 _TEMP_PREFIX = "ctx-sql-"
 _SWEPT = threading.Event()
+TWINS_COMPARED = 4  # earlier results of the same size whose bytes are compared with a new one, newest first
+_NO_TWIN: set[str] = set()  # results whose twin's tables were unreadable: converted on their own
 
 
 class QueryError(ValueError):
@@ -354,6 +357,8 @@ def loaded(result: Path, kind: str, namespace: str = "") -> list[Table]:
     def make() -> list[Table]:
         if (saved := _saved_tables(result, profiled=False)) is not None:
             return saved
+        if (shared := _twin_tables(result)) is not None:
+            return shared
         tmp, scratch = temp_beside(result, "duckdb"), temp_beside(result, "scratch")
         tmp.unlink(missing_ok=True)
         request: dict[str, Any] = {
@@ -390,6 +395,8 @@ def build(result: Path, kind: str, namespace: str = "") -> list[Table]:
         if (saved := _saved_tables(result, profiled=True)) is not None:
             return saved
         tables = loaded(result, kind, namespace)
+        if (saved := _saved_tables(result, profiled=True)) is not None:  # a twin's profiles came with its tables
+            return saved
         request = {
             "op": "profile",
             "db": str(db_path(result)),
@@ -402,6 +409,45 @@ def build(result: Path, kind: str, namespace: str = "") -> list[Table]:
         return _tables_of(message["tables"])
 
     return _TABLES.get(result, make)
+
+
+def _twin_tables(result: Path) -> list[Table] | None:
+    """The tables of an earlier result in the same folder (the same caller's) holding the same bytes, its
+    DuckDB file linked beside this one: a file read again, or a log fetched twice, is converted once.
+    None when there is no such result with its tables built, or its file cannot be linked (then this one
+    is converted on its own). Only bytes compared equal count; the size and name only pick candidates."""
+    if str(result) in _NO_TWIN:
+        return None
+    try:
+        size = result.stat().st_size
+        same_size = [
+            (entry.stat().st_mtime_ns, Path(entry.path))
+            for entry in os.scandir(result.parent)
+            if entry.name != result.name
+            and not entry.name.startswith(".")
+            and entry.name.endswith(result.suffix)
+            and entry.is_file(follow_symlinks=False)
+            and entry.stat().st_size == size
+        ]
+    except OSError:
+        return None
+    for _, twin in sorted(same_size, reverse=True)[:TWINS_COMPARED]:
+        linked = temp_beside(result, "duckdb")
+        try:
+            record = json.loads(profile_path(twin).read_bytes())
+            if record["result"] != _version(twin) or not same_bytes(twin, result):
+                continue
+            os.link(db_path(twin), linked)  # queries open it read-only: one file serves both
+            if _version(linked) != record["db"]:  # built again meanwhile: its record is not this file's
+                continue
+            _save_tables(result, record["tables"], profiled=record.get("profiled", True), built=linked)
+            log.debug("%s holds the bytes of %s: its tables serve it", result.name, twin.name)
+            return _tables_of(record["tables"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        finally:
+            linked.unlink(missing_ok=True)
+    return None
 
 
 def _converting(namespace: str, request: dict[str, Any], answer: str, what: str) -> dict[str, Any]:
@@ -581,6 +627,7 @@ def execute(result: Path, kind: str, sql: str, namespace: str = "") -> Iterator[
         if attempt == 1 and first is not None and _damaged(first.get("error", "")):
             log.warning("the tables of %s were unreadable (%s); building them again", result.name, first["error"])
             db_path(result).unlink(missing_ok=True)
+            _NO_TWIN.add(str(result))  # a twin's file shared into place would be as unreadable
             _TABLES.forget(result)
             _LOADED.forget(result)
             continue

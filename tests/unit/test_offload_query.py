@@ -406,3 +406,55 @@ def test_a_query_and_its_notes_never_wait_for_the_column_profiles(
     monkeypatch.setattr(query, "build", profiles)
     answer = _ask((Explorer(store), saved.id), "SELECT title FROM items ORDER BY gross DESC LIMIT 1")
     assert answer["rows"] == [["Up"]] and "mixes strings and numbers" in answer["note"]
+
+
+def test_a_result_holding_an_earlier_ones_bytes_is_not_converted_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same file read twice (a log fetched again): the second result is answered from the first one's
+    tables, with no worker converting or profiling it; one of the same size but other bytes is converted,
+    and the second still answers once the first is removed (the TTL)."""
+    ops: list[str] = []
+
+    class Counted(query._Worker):
+        def __init__(self, request: dict[str, Any], *args: Any, **kw: Any) -> None:
+            ops.append(request["op"])
+            super().__init__(request, *args, **kw)
+
+    monkeypatch.setattr(query, "_Worker", Counted)
+    store = ResponseStore(tmp_path)
+    text = json.dumps({"data": [{"id": i, "city": "Seoul"} for i in range(500)]})
+    first = store.save_text("t", text, "json")
+    tables = query.build(first.path, "json")
+    assert ops == ["convert", "profile"]
+    again = store.save_text("t", text, "json")
+    ops.clear()
+    assert query.build(again.path, "json") == tables
+    assert ops == []  # neither converted nor profiled
+    other = store.save_text("t", text.replace("Seoul", "Busan"), "json")
+    assert other.size == again.size
+    query.build(other.path, "json")
+    assert ops == ["convert", "profile"]
+    first.path.unlink()
+    query.db_path(first.path).unlink()
+    ops.clear()
+    answer = Explorer(store).query(Args({"path": again.id, "sql": "SELECT count(*) FROM items"}, "t"), 300)
+    assert answer["rows"] == [[500]] and ops == ["query"]
+
+
+def test_a_twins_unreadable_tables_are_built_anew(tmp_path: Path) -> None:
+    """The earlier result's DuckDB file damaged: the later one's query finds it unreadable and builds its
+    own, once, instead of sharing the damaged file again."""
+    store = ResponseStore(tmp_path)
+    text = json.dumps([{"id": i} for i in range(50)])
+    first = store.save_text("t", text, "json")
+    query.build(first.path, "json")
+    db = query.db_path(first.path)
+    keep = db.stat()
+    with open(db, "r+b") as fh:  # damaged in place, its size and time kept: the record still matches it
+        fh.write(b"\0" * 4096)
+    os.utime(db, ns=(keep.st_atime_ns, keep.st_mtime_ns))
+    again = store.save_text("t", text, "json")
+    answer = Explorer(store).query(Args({"path": again.id, "sql": "SELECT count(*) FROM items"}, "t"), 300)
+    assert answer["rows"] == [[50]]
+    assert query.db_path(again.path).stat().st_ino != db.stat().st_ino
