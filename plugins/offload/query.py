@@ -358,6 +358,7 @@ def loaded(result: Path, kind: str, namespace: str = "") -> list[Table]:
         if (saved := _saved_tables(result, profiled=False)) is not None:
             return saved
         if (shared := _twin_tables(result)) is not None:
+            _keep_one_warm(namespace)  # no conversion started a worker: the first query finds one starting
             return shared
         tmp, scratch = temp_beside(result, "duckdb"), temp_beside(result, "scratch")
         tmp.unlink(missing_ok=True)
