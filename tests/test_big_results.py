@@ -102,8 +102,10 @@ async def test_an_upstream_killed_mid_reply_gives_a_clean_error(tmp_path: Path) 
 
 @pytest.mark.parametrize("transport", ["stdio", "http"])
 async def test_a_structured_copy_made_of_many_values_is_saved_once(tmp_path: Path, transport: str) -> None:
-    """A Python SDK server returns 12 MB of JSON as text plus the same object as structuredContent
-    (200,000 values): over stdio and over Streamable HTTP (SSE), one file is saved, equal to the text."""
+    """A Python SDK server returns 3 MB of JSON as text plus the same object as structuredContent
+    (37,500 items, 225,000 values): over stdio and over Streamable HTTP (SSE), one file is saved, equal to
+    the text. (A 6.7 MB reply: past the 4 MiB spool threshold and the 20,000 values parsed one by one, as
+    the 12 MB it was, at a quarter of the time.)"""
     import subprocess
 
     from conftest import free_port, wait_listening
@@ -119,13 +121,13 @@ async def test_a_structured_copy_made_of_many_values_is_saved_once(tmp_path: Pat
     try:
         settings = make_settings(tmp_path, {"probe": table}, plugins=["offload"])
         async with inproc(settings) as (gateway, session):
-            args = {"size": 12_000_000, "kind": "structured"}
+            args = {"size": 3_000_000, "kind": "structured"}
             reply = json.loads(text_of(await call(session, "probe__big", args, request_read_timeout_seconds=120)))
             assert "files" not in reply, "the structuredContent copy is recognised and not saved again"
             assert gateway.spiller is not None and gateway.spiller.spooled == 1, "the reply went through the spool"
             saved = json.loads(Path(reply["fileRef"]["path"]).read_text())
-            assert saved["meta"]["n"] == len(saved["data"]) == 12_000_000 // 80
-            assert saved["data"][-1]["name"] == f"item-{12_000_000 // 80 - 1}"
+            assert saved["meta"]["n"] == len(saved["data"]) == 3_000_000 // 80
+            assert saved["data"][-1]["name"] == f"item-{3_000_000 // 80 - 1}"
             assert not _spill_files(gateway.settings.gateway.workspace)
             assert not spill.pending()
             small = await call(session, "probe__add", {"a": 1, "b": 2})
