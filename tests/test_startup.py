@@ -68,6 +68,22 @@ def test_import_of_the_command_line_loads_no_sdk() -> None:
     assert json.loads(done.stdout) == []
 
 
+# what the modules of a stdio start (the front, the server, every plugin) must leave to the calls that need it
+CALL_ONLY = ("jsonschema", "duckdb", "markdown_it", "psycopg", "prometheus_client", "aiohttp", "jsonpath_ng")
+
+
+def test_a_start_leaves_what_only_some_calls_need_unloaded() -> None:
+    code = (
+        "import sys, json, gateway.proxy.server, gateway.proxy.host_transport\n"
+        "from gateway.pipeline import load_plugins\n"
+        "assert len(load_plugins(['offload', 'memory', 'documents', 'monitor'])) == 4\n"
+        f"print(json.dumps(sorted(n for n in {CALL_ONLY!r} if n in sys.modules)))"
+    )
+    done = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60, env=gateway_env())
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == []
+
+
 async def test_the_first_listing_has_every_servers_tools(tmp_path: Path) -> None:
     """A real gateway process fronting a quick probe, one slow to start (1.5 s) and the PyPI time server:
     the host's first tools/list, sent at once, has the tools of all three; each server was started once
