@@ -746,18 +746,27 @@ async def test_requests_right_after_start_wait_for_a_slow_upstream(tmp_path: Pat
     settings = make_settings(tmp_path, {"slow": probe("slow", "--start-delay", "1.5")}, tool_mode=tool_mode)
     async with inproc(settings) as (gateway, session):
         assert gateway.upstreams["slow"].state == "starting"
-        prompt = await session.get_prompt("slow__greet", {"who": "Ada"})
-        assert prompt.messages[0].content.text == "Say hello to Ada."
-    settings = make_settings(tmp_path, {"slow": probe("slow", "--start-delay", "1.5")}, tool_mode=tool_mode)
-    async with inproc(settings) as (gateway, session):
-        assert gateway.upstreams["slow"].state == "starting"
-        read = await session.read_resource(f"slow{URI_SEP}mem://greeting")
-        assert read.contents[0].text == "hello from slow"
+        # all three asked at once while it starts (one gateway's start, not one each): each must wait
+        answers: dict[str, Any] = {}
+
+        async def ask(what: str, request: Any) -> None:
+            answers[what] = await request()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ask, "prompt", lambda: session.get_prompt("slow__greet", {"who": "Ada"}))
+            tg.start_soon(ask, "resource", lambda: session.read_resource(f"slow{URI_SEP}mem://greeting"))
+            if tool_mode == "catalog":
+                tg.start_soon(ask, "tool", lambda: call(session, "tool_search", {"query": "echo the text back"}))
+            else:
+                tg.start_soon(ask, "tool", lambda: call(session, "slow__echo", {"text": "hi"}))
+            await anyio.sleep(0)  # every request is sent while the upstream is still starting
+            assert gateway.upstreams["slow"].state == "starting"
+        assert answers["prompt"].messages[0].content.text == "Say hello to Ada."
+        assert answers["resource"].contents[0].text == "hello from slow"
         if tool_mode == "catalog":
-            found = await call(session, "tool_search", {"query": "echo the text back"})
-            assert "slow__echo" in text_of(found)
+            assert "slow__echo" in text_of(answers["tool"])
         else:
-            assert text_of(await call(session, "slow__echo", {"text": "hi"})) == "hi"
+            assert text_of(answers["tool"]) == "hi"
 
 
 async def test_the_merged_list_keeps_its_order_whatever_order_upstreams_list_in(tmp_path: Path) -> None:
