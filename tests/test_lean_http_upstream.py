@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
+import ssl
+import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -91,25 +95,25 @@ class Upstream:
 
 
 @asynccontextmanager
-async def serving(upstream: Upstream) -> AsyncIterator[str]:
+async def serving(upstream: Upstream, tls: ssl.SSLContext | None = None) -> AsyncIterator[str]:
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", upstream.handle)
     runner = web.AppRunner(app, shutdown_timeout=1)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=tls)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     try:
-        yield f"http://127.0.0.1:{port}/mcp"
+        yield f"{'https' if tls else 'http'}://127.0.0.1:{port}/mcp"
     finally:
         upstream.release.set()
         await runner.cleanup()
 
 
-async def both_ways(scenario: str) -> tuple[Any, Any]:
+async def both_ways(scenario: str, tls: ssl.SSLContext | None = None) -> tuple[Any, Any]:
     """The SDK client's outcome of one call and the lean leg's, on the session the SDK opened."""
     upstream = Upstream(scenario)
-    async with serving(upstream) as url:
+    async with serving(upstream, tls) as url:
         spooling = SpoolingTransport(None)
         async with (
             httpx2.AsyncClient(transport=spooling, timeout=httpx2.Timeout(30, read=None)) as http,
@@ -144,3 +148,23 @@ async def test_the_lean_leg_reads_each_answer_as_the_sdk_does(scenario: str) -> 
 async def test_an_event_that_is_not_json_fails_the_call_on_both_paths() -> None:
     sdk, lean = await both_ways("not_json")
     assert sdk == lean == types.PARSE_ERROR
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a certificate")
+async def test_an_https_upstream_trusted_through_ssl_cert_file_answers_on_both_legs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An upstream over HTTPS with a certificate of a private CA (here: self-signed), trusted the way
+    Python's HTTP clients are told (`SSL_CERT_FILE`): the SDK's leg and the lean leg both reach it."""
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    request = ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1"]
+    subprocess.run(
+        ["openssl", *request, "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+    )
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(cert, key)
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    sdk, lean = await both_ways("multiline", tls)
+    assert sdk == lean == "ok"
