@@ -3,7 +3,7 @@ host's `tools/call` is handed to the lean path as decoded JSON and the upstream'
 at once, so what is timed is only the gateway's work (routing, the plugin pipeline, the usage figures,
 reading and writing the result, the event loop). `--profile` prints where it goes.
 
-    python bench/lean_cpu.py [--calls 5000] [--profile]
+    python bench/lean_cpu.py [--calls 5000] [--profile]   # SORT=tottime TOP=60 to order and cut the profile
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import cProfile
 import json
+import os
 import pstats
 import sys
 import tempfile
@@ -85,7 +86,9 @@ async def main(n: int, profile: bool, plugins: list[str]) -> None:
         per_call = (time.perf_counter() - began) / n * 1e6
         if profile:
             profiler.disable()
-            pstats.Stats(profiler).sort_stats("cumtime").print_stats(40)
+            pstats.Stats(profiler).sort_stats(os.environ.get("SORT", "cumtime")).print_stats(
+                int(os.environ.get("TOP", "40"))
+            )
     print(f"plugins {', '.join(plugins) or 'none'}: {per_call:.0f} us of the gateway's own time per call ({n} calls)")
 
 
