@@ -140,7 +140,13 @@ async def test_sessions_held_in_memory_stay_bounded_and_lose_no_note(tmp_path: P
 async def test_a_huge_session_does_not_stay_in_the_gateways_memory(tmp_path: Path) -> None:
     """A session of 300 notes of 200,000 characters (60 MB of log), recalled twice over HTTP: the gateway's
     resident memory comes back down (it kept every session it had read for good: +121 MB)."""
-    _write_session(tmp_path / "ws" / "sessions", "huge", [f"huge-{i} " + "x" * 200_000 for i in range(HUGE_NOTES)])
+    from gateway.services.tokens import TokenEstimator
+
+    # each note's count as this gateway (exact_tokens off) records it when it appends one; one stands for all
+    tokens = TokenEstimator(exact=False).estimate("huge-0 " + "x" * 200_000)
+    _write_session(
+        tmp_path / "ws" / "sessions", "huge", [f"huge-{i} " + "x" * 200_000 for i in range(HUGE_NOTES)], tokens
+    )
     with http_gateway(tmp_path, "--plugins", "memory", servers={}) as url:
         pid = gateway_pid(tmp_path / "gateway.toml")
         async with tenant_session(url, "") as s:
