@@ -241,9 +241,16 @@ class ResponseStore:
         return sum(sweep_entry(item) for item in self._entries() if _stale_temp(item))
 
     def remove_older_than(self, hours: float) -> int:
-        """Entries (files and folders) unchanged for `hours`; symlinks are removed, never followed."""
+        """Entries (files and folders) unchanged for `hours`; symlinks are removed, never followed. A hidden
+        entry named after a result (`.<result>.duckdb`: its tables) goes by its result's age while the
+        result is there: with it, never before it (a tables file shared with an earlier result keeps
+        that result's time)."""
         cutoff = time.time() - hours * 3600
-        return sum(sweep_entry(item) for item in self._entries() if _changed_at(item) < cutoff)
+        entries = self._entries()
+        results = {item.name: item for item in entries if not item.name.startswith(".")}
+        # every age read before anything goes: a result removed first would make its tables look new
+        old = [item for item in entries if _changed_at(_owner(item, results) or item) < cutoff]
+        return sum(sweep_entry(item) for item in old)
 
     def _entries(self) -> list[Path]:
         try:
@@ -251,6 +258,17 @@ class ResponseStore:
         except OSError as exc:
             log.warning("cannot list %s (%s); nothing removed from it", self.folder, exc.strerror or exc)
             return []
+
+
+def _owner(item: Path, results: dict[str, Path]) -> Path | None:
+    """The result a hidden entry beside it belongs to (`.<result name>.<what>`), if it is there."""
+    if not item.name.startswith("."):
+        return None
+    parts = item.name[1:].split(".")
+    for end in range(len(parts) - 1, 0, -1):
+        if (owner := results.get(".".join(parts[:end]))) is not None:
+            return owner
+    return None
 
 
 def _changed_at(item: Path) -> float:

@@ -35,6 +35,8 @@ def load(
     elif (sep := table_csv.dialect(result)) is not None:
         try:
             tables.append(table_csv.load(conn, result, sep))
+        except duckdb.InterruptException:  # the conversion's time ran out: no sign the file is not a table
+            raise
         except duckdb.Error as exc:  # not UTF-8, rows of other widths further down: lines still answer
             log.info("%s reads as CSV at first but not as a table: %s", result.name, str(exc).splitlines()[0])
     tables.append(table_lines.load(conn, result, scratch, stop))

@@ -78,6 +78,7 @@ _TEMP_PREFIX = "ctx-sql-"
 _SWEPT = threading.Event()
 TWINS_COMPARED = 4  # earlier results of the same size whose bytes are compared with a new one, newest first
 _NO_TWIN: set[str] = set()  # results whose twin's tables were unreadable: converted on their own
+_NO_LINK: set[str] = set()  # folders whose file system made no hard link: no twin is looked for there
 
 
 class QueryError(ValueError):
@@ -357,7 +358,7 @@ def loaded(result: Path, kind: str, namespace: str = "") -> list[Table]:
     def make() -> list[Table]:
         if (saved := _saved_tables(result, profiled=False)) is not None:
             return saved
-        if (shared := _twin_tables(result)) is not None:
+        if (shared := _twin_tables(result, namespace)) is not None:
             _keep_one_warm(namespace)  # no conversion started a worker: the first query finds one starting
             return shared
         tmp, scratch = temp_beside(result, "duckdb"), temp_beside(result, "scratch")
@@ -412,12 +413,13 @@ def build(result: Path, kind: str, namespace: str = "") -> list[Table]:
     return _TABLES.get(result, make)
 
 
-def _twin_tables(result: Path) -> list[Table] | None:
+def _twin_tables(result: Path, namespace: str = "") -> list[Table] | None:
     """The tables of an earlier result in the same folder (the same caller's) holding the same bytes, its
     DuckDB file linked beside this one: a file read again, or a log fetched twice, is converted once.
     None when there is no such result with its tables built, or its file cannot be linked (then this one
-    is converted on its own). Only bytes compared equal count; the size and name only pick candidates."""
-    if str(result) in _NO_TWIN:
+    is converted on its own). Only bytes compared equal count; the size and name only pick candidates.
+    The comparison reads files as a conversion would: within the caller's places for conversions."""
+    if str(result) in _NO_TWIN or str(result.parent) in _NO_LINK:
         return None
     try:
         size = result.stat().st_size
@@ -432,22 +434,34 @@ def _twin_tables(result: Path) -> list[Table] | None:
         ]
     except OSError:
         return None
-    for _, twin in sorted(same_size, reverse=True)[:TWINS_COMPARED]:
-        linked = temp_beside(result, "duckdb")
-        try:
-            record = json.loads(profile_path(twin).read_bytes())
-            if record["result"] != _version(twin) or not same_bytes(twin, result):
+    if not same_size:
+        return None
+    with _slot(namespace, _token.get(), shares.conversion_pool()):
+        for _, twin in sorted(same_size, reverse=True)[:TWINS_COMPARED]:
+            linked = temp_beside(result, "duckdb")
+            try:
+                record = json.loads(profile_path(twin).read_bytes())
+                if record["result"] != _version(twin):
+                    continue
+                try:  # linked before the bytes are compared: a file system without links costs no reading
+                    os.link(db_path(twin), linked)  # queries open it read-only: one file serves both
+                except OSError as exc:
+                    if db_path(twin).exists() and not linked.exists():  # links are not made here
+                        log.info("no hard links in %s (%s): results read again are converted again", result.parent, exc)
+                        _NO_LINK.add(str(result.parent))
+                        return None
+                    continue
+                if _version(linked) != record["db"] or not same_bytes(twin, result):
+                    continue
+                if record["result"] != _version(twin):  # written again while compared
+                    continue
+                _save_tables(result, record["tables"], profiled=record.get("profiled", True), built=linked)
+                log.debug("%s holds the bytes of %s: its tables serve it", result.name, twin.name)
+                return _tables_of(record["tables"])
+            except (OSError, ValueError, KeyError, TypeError):
                 continue
-            os.link(db_path(twin), linked)  # queries open it read-only: one file serves both
-            if _version(linked) != record["db"]:  # built again meanwhile: its record is not this file's
-                continue
-            _save_tables(result, record["tables"], profiled=record.get("profiled", True), built=linked)
-            log.debug("%s holds the bytes of %s: its tables serve it", result.name, twin.name)
-            return _tables_of(record["tables"])
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        finally:
-            linked.unlink(missing_ok=True)
+            finally:
+                linked.unlink(missing_ok=True)
     return None
 
 
@@ -661,8 +675,10 @@ def json_path_in_worker(path: Path, json_path: str, budget: int, namespace: str 
 
 
 def _damaged(error: str) -> bool:
-    """A sidecar DuckDB cannot open (cut, overwritten): derived data, to build again."""
-    return any(s in error for s in ("not a valid DuckDB database", "Cannot open database", "orrupt"))
+    """A sidecar DuckDB cannot open (cut, overwritten): derived data, to build again. Only an error reading
+    the file counts: a query's own mistake that names a column `corrupt` is not one."""
+    reading = error.startswith(("IO Error", "Serialization Error", "INTERNAL Error"))
+    return reading and any(s in error for s in ("not a valid DuckDB database", "Cannot open database", "orrupt"))
 
 
 class Rows:

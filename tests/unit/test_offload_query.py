@@ -458,3 +458,68 @@ def test_a_twins_unreadable_tables_are_built_anew(tmp_path: Path) -> None:
     answer = Explorer(store).query(Args({"path": again.id, "sql": "SELECT count(*) FROM items"}, "t"), 300)
     assert answer["rows"] == [[50]]
     assert query.db_path(again.path).stat().st_ino != db.stat().st_ino
+
+
+def test_a_query_naming_a_column_corrupt_is_a_mistake_not_a_damaged_file(
+    explorer: tuple[Explorer, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A query's own error that happens to contain "corrupt" is answered as the error it is: the tables are
+    not thrown away and built again."""
+    tool, rid = explorer
+    result = tool.store.resolve(rid)
+    query.build(result, "json")
+    before = query.db_path(result).stat().st_ino
+    ops: list[str] = []
+
+    class Counted(query._Worker):
+        def __init__(self, request: dict[str, Any], *args: Any, **kw: Any) -> None:
+            ops.append(request["op"])
+            super().__init__(request, *args, **kw)
+
+    monkeypatch.setattr(query, "_Worker", Counted)
+    with pytest.raises(ToolInputError, match="corrupt"):
+        _ask(explorer, "SELECT corrupt FROM items")
+    assert ops == ["query"] and query.db_path(result).stat().st_ino == before
+
+
+def test_a_csv_load_cut_by_the_time_limit_fails_the_conversion(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DuckDB interrupted by the conversion's clock while it reads a CSV: the conversion fails (and is
+    tried again later), instead of being saved as a result that holds only `lines`."""
+    import duckdb
+
+    import plugins.offload.loaders as loaders
+    import plugins.offload.table_csv as table_csv
+
+    path = tmp_path / "t-00000001.txt"
+    path.write_text("id,name\n" + "".join(f"{i},n{i}\n" for i in range(100)))
+
+    def interrupted(*args: Any) -> Any:
+        raise duckdb.InterruptException("INTERRUPT Error: Interrupted!")
+
+    monkeypatch.setattr(table_csv, "load", interrupted)
+    with duckdb.connect() as conn, pytest.raises(duckdb.InterruptException):
+        loaders.load(conn, path, "text", tmp_path / "scratch", threading.Event())
+
+
+def test_where_no_hard_link_can_be_made_a_result_read_again_is_converted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file system without hard links: the later result is converted on its own, and the folder is not
+    searched for twins again (no file is read twice for nothing)."""
+    monkeypatch.setattr(query, "_NO_LINK", set())
+
+    def no_link(*args: Any) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    compared: list[Path] = []
+    real_same = query.same_bytes
+    monkeypatch.setattr(query.os, "link", no_link)
+    monkeypatch.setattr(query, "same_bytes", lambda a, b: compared.append(a) or real_same(a, b))
+    store = ResponseStore(tmp_path)
+    text = json.dumps([{"id": i} for i in range(50)])
+    query.build(store.save_text("t", text, "json").path, "json")
+    for _ in range(2):
+        again = store.save_text("t", text, "json")
+        answer = Explorer(store).query(Args({"path": again.id, "sql": "SELECT count(*) FROM items"}, "t"), 300)
+        assert answer["rows"] == [[50]] and query.db_path(again.path).stat().st_nlink == 1
+    assert not compared and {str(tmp_path)} == query._NO_LINK

@@ -216,3 +216,18 @@ def test_a_temp_name_with_a_pid_past_any_pid_is_a_dead_writers(tmp_path: Path) -
     odd = tmp_path / ".r-00000001.json.99999999999999999999999.1.tmp"
     odd.write_text("x")
     assert store.remove_stale_temp_files() == 1 and not odd.exists()
+
+
+def test_a_results_tables_go_with_the_result_not_before_it(tmp_path: Path) -> None:
+    """A young result whose tables file is old (shared with an earlier result, whose time it keeps): the
+    expiry keeps the file while the result stays, and removes an old result's with it."""
+    store = ResponseStore(tmp_path / "responses")
+    old, young = store.save_text("old", "x", "json"), store.save_text("young", "x", "json")
+    tables = {saved.path.with_name(f".{saved.path.name}.duckdb") for saved in (old, young)}
+    for path in tables:
+        path.write_bytes(b"tables")
+    long_ago = time.time() - 3 * 86400
+    for path in (old.path, *tables):
+        os.utime(path, (long_ago, long_ago))
+    assert store.remove_older_than(48) == 2
+    assert sorted(p.name for p in store.folder.iterdir()) == sorted([young.path.name, f".{young.path.name}.duckdb"])
