@@ -408,12 +408,8 @@ def test_a_query_and_its_notes_never_wait_for_the_column_profiles(
     assert answer["rows"] == [["Up"]] and "mixes strings and numbers" in answer["note"]
 
 
-def test_a_result_holding_an_earlier_ones_bytes_is_not_converted_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The same file read twice (a log fetched again): the second result is answered from the first one's
-    tables, with no worker converting or profiling it; one of the same size but other bytes is converted,
-    and the second still answers once the first is removed (the TTL)."""
+def _worker_ops(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The op of every request a worker is given from now on (convert, profile, query), in order."""
     ops: list[str] = []
 
     class Counted(query._Worker):
@@ -422,6 +418,16 @@ def test_a_result_holding_an_earlier_ones_bytes_is_not_converted_again(
             super().__init__(request, *args, **kw)
 
     monkeypatch.setattr(query, "_Worker", Counted)
+    return ops
+
+
+def test_a_result_holding_an_earlier_ones_bytes_is_not_converted_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same file read twice (a log fetched again): the second result is answered from the first one's
+    tables, with no worker converting or profiling it; one of the same size but other bytes is converted,
+    and the second still answers once the first is removed (the TTL)."""
+    ops = _worker_ops(monkeypatch)
     store = ResponseStore(tmp_path)
     text = json.dumps({"data": [{"id": i, "city": "Seoul"} for i in range(500)]})
     first = store.save_text("t", text, "json")
@@ -469,14 +475,7 @@ def test_a_query_naming_a_column_corrupt_is_a_mistake_not_a_damaged_file(
     result = tool.store.resolve(rid)
     query.build(result, "json")
     before = query.db_path(result).stat().st_ino
-    ops: list[str] = []
-
-    class Counted(query._Worker):
-        def __init__(self, request: dict[str, Any], *args: Any, **kw: Any) -> None:
-            ops.append(request["op"])
-            super().__init__(request, *args, **kw)
-
-    monkeypatch.setattr(query, "_Worker", Counted)
+    ops = _worker_ops(monkeypatch)
     with pytest.raises(ToolInputError, match="corrupt"):
         _ask(explorer, "SELECT corrupt FROM items")
     assert ops == ["query"] and query.db_path(result).stat().st_ino == before
