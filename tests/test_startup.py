@@ -68,6 +68,18 @@ def test_import_of_the_command_line_loads_no_sdk() -> None:
     assert json.loads(done.stdout) == []
 
 
+def test_the_hook_a_host_runs_after_every_tool_call_loads_no_sdk() -> None:
+    """`hook` runs after each tool call of a host (Claude Code's PostToolUse): the SDK's import was most of
+    its second."""
+    code = (
+        "import sys, json\nfrom gateway.cli import main\nmain(['hook'])\n"
+        f"print(json.dumps(sorted(n for n in {LAZY!r} if n in sys.modules)), file=sys.stderr)"
+    )
+    done = subprocess.run([PY, "-c", code], input="{}", capture_output=True, text=True, timeout=60, env=gateway_env())
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stderr.strip().splitlines()[-1]) == []
+
+
 # what the modules of a stdio start (the front, the server, every plugin) must leave to the calls that need it
 CALL_ONLY = ("jsonschema", "duckdb", "markdown_it", "psycopg", "prometheus_client", "aiohttp", "jsonpath_ng")
 

@@ -226,7 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     from gateway.services.storage_error import StorageError
 
     quiet_sdk_notification_errors()
-    if args.command != "serve":  # serve imports the SDK once its upstreams started (cli/serve.py)
+    # the commands that start servers load the SDK anyway (serve: once its upstreams started, in
+    # cli/serve.py); the others never load it, and a host runs `hook` after every tool call
+    if args.command in ("inspect", "accept", "demo"):
         ignore_sdk_deprecations()
 
     try:
