@@ -26,6 +26,9 @@ from plugins.offload.json_slice import MORE, json_slice
 from plugins.offload.paths import format_path, parse_path
 from plugins.offload.tables import MAIN, Table, sql_name
 
+# a wildcard or filter (`$..name`, `[?(@.x > 1)]`) over a file larger than this runs in a worker process:
+# over 3 MB it held the gateway's interpreter long enough to push another caller's p99 past 300 ms
+MATCHES_HERE = 256 * 1024
 # what a reply holds besides the cut list (its other keys), in tokens
 LINES_FRAME = 70  # start/end/total, next/prev, a note
 ROWS_FRAME = 20  # columns' frame, row_count
@@ -150,9 +153,12 @@ class Explorer:
                 "response_slice: json_path works on JSON results; this one is text, use "
                 "start_line/end_line or response_search"
             )
-        if path.stat().st_size <= SMALL_FILE:  # parsed whole and cached here anyway: no process to start
+        size = path.stat().st_size
+        matching = parse_path(json_path)[1] is not None  # a wildcard or filter may walk the whole document
+        if size <= (MATCHES_HERE if matching else SMALL_FILE):  # parsed whole and cached here: no process to start
             answer = json_slice(path, json_path, budget)
-        else:  # a path over a large file (`..*`) can build many times its size: a worker's memory, not ours
+        else:  # a path over a large file (`..*`) can build many times its size: a worker's memory, not ours;
+            # and a walk over a mid-sized one holds the gateway's interpreter for seconds: a worker's time
             answer = query.json_path_in_worker(path, json_path, budget, self.namespace)
         if (more := answer.pop(MORE, None)) is not None:
             answer["note"] = self._rest_of_matches(path, more["path"], answer["shown"], answer["total"], budget)

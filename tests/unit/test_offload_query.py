@@ -522,3 +522,18 @@ def test_where_no_hard_link_can_be_made_a_result_read_again_is_converted(
         answer = Explorer(store).query(Args({"path": again.id, "sql": "SELECT count(*) FROM items"}, "t"), 300)
         assert answer["rows"] == [[50]] and query.db_path(again.path).stat().st_nlink == 1
     assert not compared and {str(tmp_path)} == query._NO_LINK
+
+
+def test_a_wildcard_over_a_mid_sized_result_runs_in_a_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wildcard or filter walks the whole document: over 256 KB it runs in a worker process, never on the
+    gateway's interpreter (over 3 MB it held it long enough to push another caller's p99 past 300 ms); a
+    plain path into the same result is answered here, from the parsed document."""
+    ops = _worker_ops(monkeypatch)
+    store = ResponseStore(tmp_path)
+    saved = store.save_text("t", json.dumps({"data": [{"id": i, "name": f"n{i}"} for i in range(20_000)]}), "json")
+    assert explore.MATCHES_HERE < saved.size <= SMALL_FILE
+    tool = Explorer(store)
+    plain = tool.slice(Args({"path": saved.id, "json_path": "data.5.name"}, "t"), 500)
+    assert not ops and plain["value"] == "n5", plain
+    found = tool.slice(Args({"path": saved.id, "json_path": "$..name"}, "t"), 500)
+    assert ops == ["slice"] and found["total"] == 20_000, found
