@@ -2,11 +2,12 @@
 
 Each result is converted once to a DuckDB file beside it (`.<name>.duckdb`, removed with the result by
 the TTL and `clean`); a result holding the bytes of an earlier one in the same folder (the same
-caller's) shares that file, hard-linked, instead of being converted again. Each shape has a loader of its own (`loaders.py`): `table_json` (arrays of records
-and maps, the largest `items`, and `doc`), `table_csv` (typed columns, missing values NULL),
-`table_jsonl`, and `table_lines` (`lines(n, text)` for every text result). A query then opens that file
-read-only, with DuckDB's own controls: no file or network access (`enable_external_access = false`), the
-configuration locked, bounded threads, memory and time.
+caller's) shares that file, hard-linked, instead of being converted again. Each shape has a loader of
+its own (`loaders.py`): `table_json` (arrays of records and maps, the largest `items`, and `doc`),
+`table_csv` (typed columns, missing values NULL), `table_jsonl`, and `table_lines` (`lines(n, text)` for
+every text result). A query then opens that file read-only, with DuckDB's own controls: no file or
+network access (`enable_external_access = false`), the configuration locked, bounded threads, memory
+and time.
 
 Every conversion and every query runs in a worker process (`sql_worker.py`) with its address space
 capped: what one caller's SQL does to memory ends that process, never the shared gateway, and the
