@@ -441,8 +441,7 @@ def _twin_tables(result: Path, namespace: str = "") -> list[Table] | None:
         for _, twin in sorted(same_size, reverse=True)[:TWINS_COMPARED]:
             linked = temp_beside(result, "duckdb")
             try:
-                record = json.loads(profile_path(twin).read_bytes())
-                if record["result"] != _version(twin):
+                if (record := _record(twin)) is None:
                     continue
                 try:  # linked before the bytes are compared: a file system without links costs no reading
                     os.link(db_path(twin), linked)  # queries open it read-only: one file serves both
@@ -542,14 +541,22 @@ def _save_tables(result: Path, tables: list[dict[str, Any]], profiled: bool, bui
     atomic_write(profile_path(result), json.dumps(record, ensure_ascii=False, default=str), sync=False)
 
 
+def _record(result: Path) -> dict[str, Any] | None:
+    """The record beside the result when it was written for this version of it (`_save_tables`)."""
+    try:
+        record = json.loads(profile_path(result).read_bytes())
+        return record if record["result"] == _version(result) else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def _saved_tables(result: Path, profiled: bool) -> list[Table] | None:
     """The tables from the DuckDB file and the record beside the result, when both match it (and, if
     `profiled`, when the record holds the profiles)."""
     try:
-        record = json.loads(profile_path(result).read_bytes())
-        matches = record["result"] == _version(result) and record["db"] == _version(db_path(result))
-        if matches and (record.get("profiled", True) or not profiled):
-            return _tables_of(record["tables"])
+        record = _record(result)
+        if record is not None and record["db"] == _version(db_path(result)):
+            return _tables_of(record["tables"]) if record.get("profiled", True) or not profiled else None
     except (OSError, ValueError, KeyError, TypeError):
         pass
     return None
