@@ -148,7 +148,7 @@ class HttpRawRequests:
         self._settle(rid, CLOSED)  # no-op once settled
 
     async def _exchange(self, rid: str, body: bytes, on_progress: Progress | None) -> None:
-        client = self._client or self._new_client()
+        client = self._connection()
         url = self.url
         for _ in range(MAX_REDIRECTS + 1):
             async with client.post(url, data=body, headers=self._headers(), allow_redirects=False) as response:
@@ -226,7 +226,7 @@ class HttpRawRequests:
                 break
             await anyio.sleep(reader.retry)
             headers = {**self._headers(), "last-event-id": reader.last_id}
-            client = self._client or self._new_client()
+            client = self._connection()
             async with client.get(self.url, headers=headers, allow_redirects=False) as again:
                 self.heard()
                 kind = again.headers.get("content-type", "").lower()
@@ -285,7 +285,7 @@ class HttpRawRequests:
             return
         with anyio.move_on_after(CANCEL_SECONDS):
             try:
-                client = self._client or self._new_client()
+                client = self._connection()
                 async with client.post(self.url, data=body, headers=self._headers(), allow_redirects=False) as response:
                     await response.read()
             except Exception as exc:  # best effort, as the SDK's cancel
@@ -296,7 +296,10 @@ class HttpRawRequests:
         session's, and what the Streamable HTTP transport requires."""
         return {**self.headers, **(self._session or {}), **POST_HEADERS}
 
-    def _new_client(self) -> Any:
+    def _connection(self) -> Any:
+        """The leg's aiohttp client, made on its first use."""
+        if self._client is not None:
+            return self._client
         import aiohttp
         import httpcore2
 
