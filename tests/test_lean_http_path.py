@@ -21,7 +21,7 @@ import pytest
 from conftest import eventually, http_gateway, probe, text_of
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
-from test_lean_path import CALLS, ENVELOPE, EVERY_PLUGIN, WIRE
+from test_lean_path import BARE_ENVELOPE, CALLS, ENVELOPE, EVERY_PLUGIN, WIRE, probe_over_http, sessionless_soon
 
 pytestmark = pytest.mark.anyio
 
@@ -276,6 +276,44 @@ async def test_a_2026_host_that_closes_the_stream_cancels_the_call_at_the_upstre
                 headers=HEADERS | routed("p__echo"),
             )
     assert after.json()["result"]["content"][0]["text"] == "still here"
+
+
+async def test_a_2026_host_asking_nothing_reaches_an_http_upstream_of_its_era_without_a_session(tmp_path: Path) -> None:
+    """Such a host's call goes on as that era's request (`server/discover` said the upstream speaks it),
+    answered as the gateway's; closing its stream still stops the call at the upstream."""
+    marker = tmp_path / "cancel.txt"
+    with (
+        probe_over_http("p", WIRE | {"PROBE_CANCEL_MARKER": str(marker)}) as upstream,
+        http_gateway(tmp_path, "--lean-path=true", servers={"p": upstream}) as url,
+    ):
+        async with httpx2.AsyncClient(timeout=httpx2.Timeout(60)) as http:
+
+            def post(rid: int, name: str, arguments: dict) -> Any:
+                params = {"name": name, "arguments": arguments, "_meta": BARE_ENVELOPE}
+                message = {"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": params}
+                return http.post(url, json=message, headers=HEADERS | routed(name))
+
+            async def call(name: str, arguments: dict) -> dict:
+                return (await post(1, name, arguments)).json()
+
+            await sessionless_soon(call)
+            answer = await call("p__whoami", {})
+            assert answer["result"]["content"][0]["text"] == "p"
+            assert answer["result"]["_meta"] == {"io.modelcontextprotocol/serverInfo": (await _gateway_info(call))}
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(post, 2, "p__slow", {"seconds": 60})
+                await eventually(lambda: marker.exists() and marker.read_text() == "started", 20, "the slow call")
+                tg.cancel_scope.cancel()  # the host gives up: its connection closes, then the gateway's
+            await eventually(lambda: marker.read_text() == "cancelled", 20, "the upstream to hear the cancel")
+            assert (await call("p__echo", {"text": "still here"}))["result"]["content"][0]["text"] == "still here"
+
+
+async def _gateway_info(call: Any) -> dict:
+    """The serverInfo the gateway stamps on a 2026-era host's results (its own tool's answer carries it)."""
+    status = await call("context_status", {})
+    info = status["result"]["_meta"]["io.modelcontextprotocol/serverInfo"]
+    assert info["name"] == "mcp-context-gateway"
+    return info
 
 
 async def test_a_host_making_only_lean_calls_keeps_its_place_among_the_remembered_hosts(tmp_path: Path) -> None:

@@ -115,6 +115,20 @@ ENVELOPE = {  # what a 2026-07-28 host sends with every request, instead of a ha
     "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
     "io.modelcontextprotocol/clientCapabilities": {"elicitation": {"form": {}}},
 }
+# a 2026-era host that can be asked nothing: its calls may reach an upstream of its era sessionless
+BARE_ENVELOPE = ENVELOPE | {"io.modelcontextprotocol/clientCapabilities": {}}
+
+
+async def sessionless_soon(call: Callable[..., Any]) -> int:
+    """Wait until the gateway has heard that its HTTP upstream `p` speaks the 2026 era (`server/discover`,
+    asked once the upstream is up): a bare 2026-era host's call then arrives there as that era's. The
+    calls it took."""
+    calls = 1
+    with anyio.fail_after(20):
+        while (await call("p__era", {}))["result"]["content"][0]["text"] != "2026-07-28":
+            calls += 1
+            await anyio.sleep(0.05)
+    return calls
 
 
 @contextmanager
@@ -136,16 +150,19 @@ def upstream_probe(transport: str, name: str, env: dict[str, str], **cfg: Any) -
 
 
 async def _answers(
-    tmp_path: Path, lean: bool, era: str = "2025", upstream: str = "stdio"
+    tmp_path: Path, lean: bool, era: str = "2025", upstream: str = "stdio", waited: int = 0
 ) -> tuple[list[dict], list[dict]]:
     with upstream_probe(upstream, "p", WIRE) as server:
-        return await _answers_from(tmp_path, lean, era, {"p": server})
+        return await _answers_from(tmp_path, lean, era, {"p": server}, waited)
 
 
-async def _answers_from(tmp_path: Path, lean: bool, era: str, servers: dict[str, Any]) -> tuple[list[dict], list[dict]]:
+async def _answers_from(
+    tmp_path: Path, lean: bool, era: str, servers: dict[str, Any], waited: int = 0
+) -> tuple[list[dict], list[dict]]:
+    """The answers to `CALLS` and a few more; `waited`: calls to make first (the other path's wait)."""
     (tmp_path / str(lean)).mkdir()
-    modern = era == "2026"
-    envelope = ENVELOPE if modern else {}
+    modern = era.startswith("2026")
+    envelope = BARE_ENVELOPE if era == "2026-bare" else ENVELOPE if modern else {}
 
     async def call(name: str, arguments: Any = None, **extra: Any) -> dict:
         if modern:
@@ -156,6 +173,10 @@ async def _answers_from(tmp_path: Path, lean: bool, era: str, servers: dict[str,
     async with raw_host(tmp_path / str(lean), servers, **settings) as host:
         if modern:
             await host.request("tools/list", {"_meta": envelope})
+        if era == "2026-bare" and lean:
+            waited = await sessionless_soon(call)
+        for _ in range(waited if not lean else 0):  # the same calls as the lean path's wait, for the ledger
+            await call("p__era", {})
         answers = []
         for name, arguments, extra in CALLS:
             answer = await call(name, arguments, **extra)
@@ -167,13 +188,16 @@ async def _answers_from(tmp_path: Path, lean: bool, era: str, servers: dict[str,
         # above the 4 MB spool threshold: the reply is read from disk with its long strings left there (a
         # 3 MB body is a ~6.7 MB line, text and structuredContent; 6 MB took twice the time for the same path)
         big = await call("p__big", {"size": 3_000_000, "kind": "structured"})
-    return answers, [ids[0]["result"], ids[1]["result"], big["result"], ledger]
+        eras = [(await call(name, {"region": "eu"}))["result"] for name in ("p__era", "p__mrtr", "p__routed")]
+    return answers, [ids[0]["result"], ids[1]["result"], big["result"], ledger, *eras, waited]
 
 
-@pytest.mark.parametrize(("era", "upstream"), [("2025", "stdio"), ("2026", "stdio"), ("2025", "http")])
+@pytest.mark.parametrize(
+    ("era", "upstream"), [("2025", "stdio"), ("2026", "stdio"), ("2025", "http"), ("2026-bare", "http")]
+)
 async def test_lean_path_answers_exactly_as_the_sdk_path(tmp_path: Path, era: str, upstream: str) -> None:
     lean, lean_extra = await _answers(tmp_path, True, era, upstream)
-    sdk, sdk_extra = await _answers(tmp_path, False, era, upstream)
+    sdk, sdk_extra = await _answers(tmp_path, False, era, upstream, lean_extra[-1])
     for (name, _, _), a, b in zip(CALLS, lean, sdk, strict=True):
         assert a == b, name
     kinds = lean[0]["result"]
@@ -191,6 +215,12 @@ async def test_lean_path_answers_exactly_as_the_sdk_path(tmp_path: Path, era: st
     assert lean_extra[2].get("structuredContent") == sdk_extra[2].get("structuredContent")
     # both paths count the same tokens into the monitor's ledger
     assert lean_extra[3] == sdk_extra[3] and lean_extra[3]["results"] > 0, (lean_extra[3], sdk_extra[3])
+    # a bare 2026-era host's call reached the HTTP upstream as that era's request, and nothing else did;
+    # a tool that answers input_required there, or maps arguments to headers, was called on the session
+    eras = [[r["content"][0]["text"] for r in extra[4:-1]] for extra in (lean_extra, sdk_extra)]
+    sessionless = era == "2026-bare" and upstream == "http"
+    assert eras[0] == ["2026-07-28" if sessionless else "2025-11-25", "answered on the session", "2025-11-25"]
+    assert eras[1] == ["2025-11-25", "answered on the session", "2025-11-25"]
 
 
 async def test_lean_calls_are_cancelled_and_timed_out_at_the_upstream(tmp_path: Path) -> None:

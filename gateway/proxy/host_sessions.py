@@ -59,6 +59,12 @@ def is_modern(session: Any) -> bool:
     return getattr(session, "protocol_version", None) in MODERN_PROTOCOL_VERSIONS
 
 
+def asks_nothing(session: Any) -> bool:
+    """A 2026-era host that declared no sampling, elicitation or roots: no upstream's question can reach it."""
+    caps = getattr(session, "client_capabilities", None)
+    return is_modern(session) and caps is not None and caps.sampling is caps.elicitation is caps.roots is None
+
+
 def forwardable_meta(meta: Any) -> dict[str, Any]:
     """The host's `_meta` minus what belongs to the host's own connection: its progress token
     (the SDK sets its own) and the 2026 envelope keys (the upstream session speaks its own era)."""

@@ -26,11 +26,13 @@ import mcp_types as types
 from mcp import ClientSession, MCPError
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.inbound import find_invalid_x_mcp_header, x_mcp_header_map
 from mcp.shared.message import ServerMessageMetadata, SessionMessage
 from pydantic import ValidationError
 
 import gateway.compat as compat
 from gateway.progress import ProgressReporter, no_progress
+from gateway.proxy.host_sessions import asks_nothing
 from gateway.proxy.lean import Clock, Outcome, RawRequests, parse_result
 from gateway.proxy.upstream_http import SpoolingTransport
 from gateway.proxy.upstream_lean_http import HttpRawRequests, relay
@@ -87,6 +89,11 @@ class _InFlight:
             return await self.exchange.ask(request)
 
 
+def _maps_headers(schema: Any) -> bool:
+    """A tool's input schema names arguments a 2026-era call also sends as `Mcp-Param-*` headers."""
+    return find_invalid_x_mcp_header(schema) is not None or bool(x_mcp_header_map(schema))
+
+
 def _not_answered(what: str) -> types.ErrorData:
     return types.ErrorData(code=types.INVALID_REQUEST, message=f"{what}: the host did not answer in time")
 
@@ -135,6 +142,7 @@ class Upstream:
         self.server_info: types.Implementation | None = None
         self.instructions: str | None = None
         self.tools: list[types.Tool] = []
+        self.param_headed: frozenset[str] = frozenset()
         self.resources: list[types.Resource] = []
         self.templates: list[types.ResourceTemplate] = []
         self.prompts: list[types.Prompt] = []
@@ -286,7 +294,13 @@ class Upstream:
                 async with sse_client(cfg.url, headers=cfg.headers, httpx_client_factory=client) as streams:
                     yield streams
                 return
-            raw = HttpRawRequests(cfg.url, cfg.headers, self._spooling, self._heard)
+            raw = HttpRawRequests(
+                cfg.url,
+                cfg.headers,
+                self._spooling,
+                self._heard,
+                CLIENT_INFO.model_dump(mode="json", exclude_none=True),
+            )
             self.raw = raw
             sink, source = anyio.create_memory_object_stream[SessionMessage | Exception](0)
             async with (
@@ -484,6 +498,8 @@ class Upstream:
             if caps and caps.prompts:
                 tg.start_soon(fill, "prompts", session.list_prompts)
         self.tools, self.resources = lists["tools"], lists["resources"]
+        # tools whose arguments go into `Mcp-Param-*` headers too: their calls stay on the session
+        self.param_headed = frozenset(t.name for t in self.tools if _maps_headers(t.input_schema))
         self.templates, self.prompts = lists["resource_templates"], lists["prompts"]
 
     # -- forwarding -------------------------------------------------------------------------
@@ -604,7 +620,11 @@ class Upstream:
         clock = Clock(timeout, expired)
         flight = _InFlight(host[0], host[1], clock, timeout, exchange, namespace)
         try:
-            rid = self.raw.start("tools/call", params, settle, progressed)
+            if isinstance(self.raw, HttpRawRequests):
+                sessionless = asks_nothing(host[0]) and tool not in self.param_headed
+                rid = self.raw.start("tools/call", params, settle, progressed, sessionless)
+            else:
+                rid = self.raw.start("tools/call", params, settle, progressed)
         except BaseException:  # nothing was sent: no timer may later answer for it
             clock.stop()
             raise

@@ -15,6 +15,15 @@ answer is read from the JSON body or the SSE events, as the SDK reads them:
 - long bodies and long SSE lines are spooled to disk as they stream, like the SDK leg's
   (`upstream_http.SpoolingTransport`), and every response's bytes count as a sign of life.
 
+A call of a 2026-era host that can be asked nothing (it declared no sampling, elicitation or roots) goes
+to an upstream that speaks that era too (its `server/discover`, asked once per connection, lists it) as
+that era's sessionless request: its envelope, its routing headers, no session. The upstream then answers
+it as it would answer that host directly (plain JSON, no event stream kept per call: about half its
+work for a small call in the SDK's server), and nothing the session leg relays is lost: no question can
+reach such a host either way, and it asked for no logs. An answer `input_required` (a server written
+for that era asks anyway) is taken back to the session, where its question is answered as before; a
+tool whose schema maps arguments to `Mcp-Param-*` headers stays on the session.
+
 The interface is `lean.RawRequests`' (the stdio leg): `Upstream.start_lean` uses either.
 """
 
@@ -32,7 +41,9 @@ from typing import Any
 import anyio
 import httpx2
 import mcp_types as types
+from mcp.shared.inbound import encode_header_value
 from mcp.shared.message import SessionMessage
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from gateway.proxy.lean import CLOSED, ID_PREFIX, Progress, Settle, _outcome
 from gateway.proxy.upstream_http import DRAIN_SECONDS, SpoolingTransport, _read, _read_event_line
@@ -46,12 +57,20 @@ MAX_REDIRECTS = 20  # same-origin 307/308 redirects followed, as httpx's client 
 RESUME_ATTEMPTS = 2  # GETs with Last-Event-ID after a stream ends before its reply (the SDK's count)
 RESUME_DELAY = 1.0  # seconds before one, unless the server said (`retry:`)
 POST_HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+DISCOVER_ID = f"{ID_PREFIX}discover"
 
 
 class HttpRawRequests:
     """Requests POSTed to one Streamable HTTP upstream beside its `ClientSession` (`lean.RawRequests`' interface)."""
 
-    def __init__(self, url: str, headers: dict[str, str], spooling: SpoolingTransport, heard: Any) -> None:
+    def __init__(
+        self,
+        url: str,
+        headers: dict[str, str],
+        spooling: SpoolingTransport,
+        heard: Any,
+        client_info: dict[str, Any] | None = None,
+    ) -> None:
         self.url = url
         self.headers = {k.lower(): v for k, v in headers.items()}
         self.spooling = spooling  # its spiller, and the SDK session's headers it saw
@@ -66,6 +85,9 @@ class HttpRawRequests:
         self._tasks: set[asyncio.Task[None]] = set()
         self._ids = itertools.count(1)
         self._warned = False  # a failing call was logged at warning (once per connection)
+        self.client_info = client_info  # the gateway's, as its session's `initialize` gave it
+        self.modern: str | None = None  # the 2026-era version the upstream said it speaks (`_discover`)
+        self._retry: dict[str, tuple[bytes, Progress | None]] = {}  # sessionless call -> its session body
 
     @property
     def ready(self) -> bool:
@@ -79,10 +101,14 @@ class HttpRawRequests:
         """The SDK's session finished its handshake: its headers (seen on its last POST) are this leg's."""
         seen = self.spooling.session_headers
         self._session = dict(seen) if seen is not None else None
+        self.modern = None
+        if self._session is not None:
+            self._spawn(self._discover())
 
     def detach(self) -> None:
         """The connection ended: every request still waiting fails as the SDK's would."""
-        self._session = self._inject = None
+        self._session = self._inject = self.modern = None
+        self._retry.clear()
         pending, self._pending = self._pending, {}
         for task, settle in pending.values():
             task.cancel()
@@ -95,17 +121,30 @@ class HttpRawRequests:
             self._spawn(client.close())
 
     def start(
-        self, method: str, params: dict[str, Any], settle: Settle, on_progress: Progress | None = None
+        self,
+        method: str,
+        params: dict[str, Any],
+        settle: Settle,
+        on_progress: Progress | None = None,
+        sessionless: bool = False,
     ) -> str | None:
         """POST one request (in a task) and return its id; `settle` is called once with its result or
-        error. None when the leg is not ready (the caller takes the SDK's path)."""
+        error. None when the leg is not ready (the caller takes the SDK's path). `sessionless`: the
+        caller asks nothing of the host (a 2026-era one that declared no sampling, elicitation or
+        roots), so an upstream of that era may take it as that era's request."""
         if not self.ready:
             return None
         rid = f"{ID_PREFIX}{next(self._ids)}"
         if on_progress is not None:
             params = params | {"_meta": {**(params.get("_meta") or {}), "progressToken": rid}}
         body = _encode({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
-        task = asyncio.get_running_loop().create_task(self._post(rid, body, on_progress))
+        headers = None
+        if sessionless and (version := self.modern) is not None:
+            self._retry[rid] = (body, on_progress)
+            meta = {**(params.get("_meta") or {}), **self._envelope(version)}
+            body = _encode({"jsonrpc": "2.0", "id": rid, "method": method, "params": params | {"_meta": meta}})
+            headers = self._modern_headers(version, method, params.get("name"))
+        task = asyncio.get_running_loop().create_task(self._post(rid, body, on_progress, headers))
         self._pending[rid] = (task, settle)
         return rid
 
@@ -115,13 +154,24 @@ class HttpRawRequests:
         if waiting is None:
             return  # answered already
         waiting[0].cancel()
+        if self._retry.pop(rid, None) is not None:
+            return  # sessionless: the closed connection is its cancel (the session never saw this id)
         note = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": rid, "reason": reason}}
         self._spawn(self._send_cancel(_encode(note)))
 
     # -- the exchange ------------------------------------------------------------------------------
 
     def _settle(self, rid: str, outcome: Any) -> None:
-        """`rid`'s outcome to its caller, once; a reply nobody waits for any more leaves no files behind."""
+        """`rid`'s outcome to its caller, once; a reply nobody waits for any more leaves no files behind.
+        A sessionless call's result is read as the session's would be (without the era's own fields),
+        and one that answered `input_required` is asked again on the session."""
+        if (retry := self._retry.pop(rid, None)) is not None and isinstance(outcome, dict):
+            if outcome.get("resultType", "complete") != "complete" and rid in self._pending:
+                spill.discard(outcome)
+                task = asyncio.get_running_loop().create_task(self._post(rid, *retry))
+                self._pending[rid] = (task, self._pending[rid][1])
+                return
+            _as_session_result(outcome)
         waiting = self._pending.pop(rid, None)
         if waiting is None:
             if isinstance(outcome, dict):
@@ -129,9 +179,11 @@ class HttpRawRequests:
             return
         waiting[1](outcome)
 
-    async def _post(self, rid: str, body: bytes, on_progress: Progress | None) -> None:
+    async def _post(
+        self, rid: str, body: bytes, on_progress: Progress | None, headers: dict[str, str] | None = None
+    ) -> None:
         try:
-            await self._exchange(rid, body, on_progress)
+            await self._exchange(rid, body, on_progress, headers)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the connection failed: as the SDK's transport answers it
@@ -145,13 +197,18 @@ class HttpRawRequests:
                 )
             else:
                 log.debug("lean POST to %s failed: %s", self.url, exc)
-        self._settle(rid, CLOSED)  # no-op once settled
+        waiting = self._pending.get(rid)
+        if waiting is not None and waiting[0] is asyncio.current_task():  # not settled, nor asked again
+            self._settle(rid, CLOSED)
 
-    async def _exchange(self, rid: str, body: bytes, on_progress: Progress | None) -> None:
+    async def _exchange(
+        self, rid: str, body: bytes, on_progress: Progress | None, headers: dict[str, str] | None = None
+    ) -> None:
         client = self._connection()
         url = self.url
+        headers = headers or self._headers()
         for _ in range(MAX_REDIRECTS + 1):
-            async with client.post(url, data=body, headers=self._headers(), allow_redirects=False) as response:
+            async with client.post(url, data=body, headers=headers, allow_redirects=False) as response:
                 self.heard()
                 if response.status in (307, 308) and (url := _within_origin(url, response)) is not None:
                     await response.read()  # the connection goes back to the pool
@@ -290,6 +347,48 @@ class HttpRawRequests:
                     await response.read()
             except Exception as exc:  # best effort, as the SDK's cancel
                 log.debug("the cancel to %s was not delivered: %s", self.url, exc)
+
+    async def _discover(self) -> None:
+        """Whether the upstream speaks the 2026 era too (`server/discover` lists it): then a call that
+        asks nothing of its host may go to it sessionless (`start`). Asked once per connection; no
+        answer, an error or another era leaves every call on the session."""
+        version = MODERN_PROTOCOL_VERSIONS[-1]
+        params = {"_meta": self._envelope(version)}
+        body = _encode({"jsonrpc": "2.0", "id": DISCOVER_ID, "method": "server/discover", "params": params})
+        with anyio.move_on_after(CANCEL_SECONDS):
+            try:
+                client = self._connection()
+                headers = self._modern_headers(version, "server/discover")
+                async with client.post(self.url, data=body, headers=headers, allow_redirects=False) as response:
+                    kind = response.headers.get("content-type", "").lower()
+                    answer = await response.read()
+                if response.status != 200 or not kind.startswith("application/json"):
+                    return
+                result = json.loads(answer).get("result")
+                supported = result.get("supportedVersions") if isinstance(result, dict) else None
+            except Exception as exc:  # an older server may refuse it any way it likes
+                log.debug("server/discover at %s: %s", self.url, exc)
+                return
+            if isinstance(supported, list) and self.ready:
+                self.modern = next((v for v in reversed(MODERN_PROTOCOL_VERSIONS) if v in supported), None)
+                if self.modern is not None:
+                    log.info("upstream %s speaks %s: its hosts' sessionless calls go to it so", self.url, self.modern)
+
+    def _envelope(self, version: str) -> dict[str, Any]:
+        """A 2026-era request's `_meta` envelope: the gateway asks nothing of its own (no capabilities)."""
+        envelope: dict[str, Any] = {types.PROTOCOL_VERSION_META_KEY: version, types.CLIENT_CAPABILITIES_META_KEY: {}}
+        if self.client_info is not None:
+            envelope[types.CLIENT_INFO_META_KEY] = self.client_info
+        return envelope
+
+    def _modern_headers(self, version: str, method: str, name: Any = None) -> dict[str, str]:
+        """A 2026-era POST's headers: the configured ones, its routing headers, no session."""
+        headers = {**self.headers, **POST_HEADERS, "mcp-protocol-version": version, "mcp-method": method}
+        for key in ("mcp-session-id", "last-event-id"):
+            headers.pop(key, None)
+        if isinstance(name, str):
+            headers["mcp-name"] = encode_header_value(name)
+        return headers
 
     def _headers(self) -> dict[str, str]:
         """A POST's headers as the SDK's transport sends them on its session: the configured ones, the
@@ -438,6 +537,19 @@ def _shown(location: str, base: str) -> str:
 def _encode(message: dict[str, Any]) -> bytes:
     # ASCII: a lone surrogate in an argument stays an escape (the SDK's writer refuses to send one)
     return json.dumps(message, separators=(",", ":")).encode()
+
+
+def _as_session_result(result: dict[str, Any]) -> None:
+    """A 2026-era `tools/call` result read as the session's: its `resultType` and the upstream's
+    `serverInfo` (the host is told the gateway's) dropped."""
+    result.pop("resultType", None)
+    meta = result.get("_meta")
+    if isinstance(meta, dict) and types.SERVER_INFO_META_KEY in meta:
+        meta = {k: v for k, v in meta.items() if k != types.SERVER_INFO_META_KEY}
+        if meta:
+            result["_meta"] = meta
+        else:
+            del result["_meta"]
 
 
 def _unread() -> types.ErrorData:

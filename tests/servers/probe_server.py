@@ -63,6 +63,13 @@ def build(name: str, extra_tools: int, shuffle: bool = False, mutate: str = "") 
             _tool("request_id", "Return the JSON-RPC id this call arrived with, and its type."),
             _tool("kinds", "Return one content block of every kind, structured content and _meta."),
             _tool("rpc_error", "Answer with a JSON-RPC error instead of a result."),
+            _tool("era", "Return the protocol version this call came in."),
+            _tool("mrtr", "Ask by answering input_required when called in the 2026 era."),
+            _tool(
+                "routed",
+                "Return the protocol version; its argument goes into an Mcp-Param header too.",
+                {"region": {"type": "string", "x-mcp-header": "Region"}},
+            ),
         ]
     base_tools += [
         _tool(f"extra_{i}", f"Extra tool number {i} that does nothing useful.", {"x": {"type": "string"}})
@@ -113,6 +120,14 @@ def build(name: str, extra_tools: int, shuffle: bool = False, mutate: str = "") 
             return types.CallToolResult(
                 content=[types.TextContent(text=f"{answer.action}:{(answer.content or {}).get('name', '')}")]
             )
+        if tool in ("era", "routed"):  # the protocol version the call came in (2026-07-28: a sessionless request)
+            return types.CallToolResult(
+                content=[types.TextContent(text=str(getattr(ctx.session, "protocol_version", None)))]
+            )
+        if tool == "mrtr":  # written for the 2026 era: asks by answering input_required there
+            if getattr(ctx.session, "protocol_version", None) == "2026-07-28":
+                return types.InputRequiredResult(request_state="probe-asks")
+            return types.CallToolResult(content=[types.TextContent(text="answered on the session")])
         if tool == "request_id":
             return types.CallToolResult(
                 content=[types.TextContent(text=f"{type(ctx.request_id).__name__}:{ctx.request_id}")]

@@ -1,8 +1,14 @@
-"""The HTTP leg's SSE reading (`proxy/upstream_lean_http._Event`): events as the SSE format defines them."""
+"""The HTTP leg (`proxy/upstream_lean_http`): its SSE reading (events as the SSE format defines them);
+which calls may go sessionless, and how a 2026-era result is read as the session's."""
 
 from __future__ import annotations
 
-from gateway.proxy.upstream_lean_http import _Event
+import mcp_types as types
+from mcp.server.connection import Connection
+
+from gateway.proxy.host_sessions import asks_nothing
+from gateway.proxy.upstream import _maps_headers
+from gateway.proxy.upstream_lean_http import _as_session_result, _Event
 
 
 def _events(*lines: bytes) -> list[bytes]:
@@ -26,3 +32,35 @@ def test_ids_comments_and_other_event_types_are_not_messages() -> None:
 
 def test_a_blank_line_without_data_dispatches_nothing() -> None:
     assert _events(b"\n", b"id: 3\n", b"\n") == []
+
+
+def test_only_a_2026_host_that_declared_no_questions_asks_nothing() -> None:
+    def host(caps: types.ClientCapabilities, version: str = "2026-07-28") -> Connection:
+        return Connection.from_envelope(version, None, caps)
+
+    assert asks_nothing(host(types.ClientCapabilities()))
+    assert asks_nothing(host(types.ClientCapabilities(experimental={"x": {}})))
+    for caps in (
+        types.ClientCapabilities(elicitation=types.ElicitationCapability()),
+        types.ClientCapabilities(sampling=types.SamplingCapability()),
+        types.ClientCapabilities(roots=types.RootsCapability()),
+    ):
+        assert not asks_nothing(host(caps)), caps
+    assert not asks_nothing(host(types.ClientCapabilities(), "2025-11-25"))
+    assert not asks_nothing(None)
+
+
+def test_a_tool_mapping_arguments_to_headers_is_told_apart() -> None:
+    assert not _maps_headers({"type": "object", "properties": {"q": {"type": "string"}}})
+    assert _maps_headers({"type": "object", "properties": {"r": {"type": "string", "x-mcp-header": "Region"}}})
+    assert _maps_headers({"type": "object", "properties": {"r": {"type": "object", "x-mcp-header": "Bad"}}})
+
+
+def test_a_2026_result_is_read_without_the_eras_fields_and_the_upstreams_server_info() -> None:
+    info = types.SERVER_INFO_META_KEY
+    result = {"content": [], "isError": False, "resultType": "complete", "_meta": {info: {"name": "up"}}}
+    _as_session_result(result)
+    assert result == {"content": [], "isError": False}
+    kept = {"content": [], "resultType": "complete", "_meta": {info: {"name": "up"}, "trace": 1}}
+    _as_session_result(kept)
+    assert kept == {"content": [], "_meta": {"trace": 1}}
