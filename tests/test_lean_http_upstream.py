@@ -38,6 +38,7 @@ class Upstream:
         self.scenario = scenario
         self.pending: Any = None
         self.release = asyncio.Event()  # a stream kept open stays so until the test ends
+        self.calls: list[str] = []  # each tools/call's era: "session" or "2026-07-28"
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         if request.method == "GET":
@@ -52,6 +53,18 @@ class Upstream:
         if "id" not in message:
             return web.Response(status=202)
         rid, method = message["id"], message["method"]
+        era = request.headers.get("mcp-protocol-version", "")
+        if method == "server/discover" and self.scenario in ("refuses_sessionless", "asks_sessionless"):
+            result = {"supportedVersions": ["2026-07-28"], "capabilities": {"tools": {}}, "resultType": "complete"}
+            return web.json_response({"jsonrpc": "2.0", "id": rid, "result": result})
+        if method == "tools/call":
+            self.calls.append(era if era == "2026-07-28" else "session")
+        if method == "tools/call" and era == "2026-07-28":
+            if self.scenario == "refuses_sessionless":
+                error = {"code": types.HEADER_MISMATCH, "message": "Mcp-Name does not match"}
+                return web.json_response({"jsonrpc": "2.0", "id": rid, "error": error}, status=400)
+            asks = {"resultType": "input_required", "requestState": "s1"}
+            return web.json_response({"jsonrpc": "2.0", "id": rid, "result": asks})
         if method == "initialize":
             result = {
                 "protocolVersion": "2025-11-25",
@@ -76,6 +89,8 @@ class Upstream:
             + "".join(f"data: {line}\n" for line in json.dumps(json.loads(reply), indent=1).split("\n"))
             + "\n",
             "cr_only": f"event: message\rdata: {reply}\r\r",
+            "refuses_sessionless": f"data: {reply}\n\n",
+            "asks_sessionless": f"data: {reply}\n\n",
             "not_json": "data: {not json\n\n",
         }[self.scenario]
         return await self._events(request, text)
@@ -168,3 +183,39 @@ async def test_an_https_upstream_trusted_through_ssl_cert_file_answers_on_both_l
     monkeypatch.setenv("SSL_CERT_FILE", str(cert))
     sdk, lean = await both_ways("multiline", tls)
     assert sdk == lean == "ok"
+
+
+@pytest.mark.parametrize("scenario", ["refuses_sessionless", "asks_sessionless"])
+async def test_a_sessionless_call_refused_or_answered_input_required_is_asked_on_the_session(scenario: str) -> None:
+    """An upstream that says it speaks the 2026 era gets a bare host's call so; when it refuses that
+    request (a header mismatch) or answers `input_required`, the call is asked again on the session, and
+    after a refusal the next calls go there at once."""
+    upstream = Upstream(scenario)
+    async with serving(upstream) as url:
+        spooling = SpoolingTransport(None)
+        async with (
+            httpx2.AsyncClient(transport=spooling, timeout=httpx2.Timeout(30, read=None)) as http,
+            streamable_http_client(url, http_client=http) as (read, write),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            await session.list_tools()  # the SDK's POST the leg takes its session headers from
+            sink, source = anyio.create_memory_object_stream[Any](0)
+            lean = HttpRawRequests(url, {}, spooling, lambda: None, {"name": "gw", "version": "1"})
+            lean.attach(sink)
+            lean.session_ready()
+            outcomes = []
+            async with source:
+                with anyio.fail_after(10):
+                    while lean.modern is None:  # its server/discover, answered in the background
+                        await anyio.sleep(0.01)
+                    for _ in range(2):
+                        settled = asyncio.get_running_loop().create_future()
+                        lean.start("tools/call", {"name": "x", "arguments": {}}, settled.set_result, sessionless=True)
+                        outcomes.append(await settled)
+            lean.detach()
+    assert [o["content"][0]["text"] for o in outcomes] == ["ok", "ok"]
+    if scenario == "refuses_sessionless":
+        assert upstream.calls == ["2026-07-28", "session", "session"]
+    else:
+        assert upstream.calls == ["2026-07-28", "session", "2026-07-28", "session"]

@@ -17,12 +17,14 @@ answer is read from the JSON body or the SSE events, as the SDK reads them:
 
 A call of a 2026-era host that can be asked nothing (it declared no sampling, elicitation or roots) goes
 to an upstream that speaks that era too (its `server/discover`, asked once per connection, lists it) as
-that era's sessionless request: its envelope, its routing headers, no session. The upstream then answers
-it as it would answer that host directly (plain JSON, no event stream kept per call: about half its
-work for a small call in the SDK's server), and nothing the session leg relays is lost: no question can
-reach such a host either way, and it asked for no logs. An answer `input_required` (a server written
-for that era asks anyway) is taken back to the session, where its question is answered as before; a
-tool whose schema maps arguments to `Mcp-Param-*` headers stays on the session.
+that era's sessionless request: its envelope, its routing headers, no session. The upstream then
+answers it as it would answer that host directly (plain JSON, no event stream kept per call: about half
+its work for a small call in the SDK's server), and nothing the session leg relays is lost: no question
+can reach such a host either way, and it asked for no logs. An answer `input_required` (a server
+written for that era asks anyway) is taken back to the session, where its question is answered as
+before; so is a refusal of the request as that era's (a header mismatch, an unsupported version), and
+the upstream's later calls with it. A tool whose schema maps arguments to `Mcp-Param-*` headers stays on
+the session.
 
 The interface is `lean.RawRequests`' (the stdio leg): `Upstream.start_lean` uses either.
 """
@@ -58,6 +60,8 @@ RESUME_ATTEMPTS = 2  # GETs with Last-Event-ID after a stream ends before its re
 RESUME_DELAY = 1.0  # seconds before one, unless the server said (`retry:`)
 POST_HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
 DISCOVER_ID = f"{ID_PREFIX}discover"
+# a sessionless request the upstream refused as such (its routing headers, its era): asked on the session
+REFUSED_SESSIONLESS = frozenset((types.HEADER_MISMATCH, types.UNSUPPORTED_PROTOCOL_VERSION))
 
 
 class HttpRawRequests:
@@ -165,13 +169,20 @@ class HttpRawRequests:
         """`rid`'s outcome to its caller, once; a reply nobody waits for any more leaves no files behind.
         A sessionless call's result is read as the session's would be (without the era's own fields),
         and one that answered `input_required` is asked again on the session."""
-        if (retry := self._retry.pop(rid, None)) is not None and isinstance(outcome, dict):
-            if outcome.get("resultType", "complete") != "complete" and rid in self._pending:
-                spill.discard(outcome)
+        if (retry := self._retry.pop(rid, None)) is not None:
+            refused = isinstance(outcome, types.ErrorData) and outcome.code in REFUSED_SESSIONLESS
+            if refused and self.modern is not None:  # it said it speaks the era, then refused it
+                log.warning("upstream %s refused a 2026-era request (%s): calls stay on its session", self.url, outcome)
+                self.modern = None
+            asks = isinstance(outcome, dict) and outcome.get("resultType", "complete") != "complete"
+            if (refused or asks) and rid in self._pending:
+                if isinstance(outcome, dict):
+                    spill.discard(outcome)
                 task = asyncio.get_running_loop().create_task(self._post(rid, *retry))
                 self._pending[rid] = (task, self._pending[rid][1])
                 return
-            _as_session_result(outcome)
+            if isinstance(outcome, dict):
+                _as_session_result(outcome)
         waiting = self._pending.pop(rid, None)
         if waiting is None:
             if isinstance(outcome, dict):
