@@ -280,7 +280,8 @@ async def test_a_2026_host_that_closes_the_stream_cancels_the_call_at_the_upstre
 
 async def test_a_2026_host_asking_nothing_reaches_an_http_upstream_of_its_era_without_a_session(tmp_path: Path) -> None:
     """Such a host's call goes on as that era's request (`server/discover` said the upstream speaks it),
-    answered as the gateway's; closing its stream still stops the call at the upstream."""
+    answered as the gateway's; a tool that asks still reaches the host as an input_required round;
+    closing its stream still stops the call at the upstream."""
     marker = tmp_path / "cancel.txt"
     with (
         probe_over_http("p", WIRE | {"PROBE_CANCEL_MARKER": str(marker)}) as upstream,
@@ -300,6 +301,22 @@ async def test_a_2026_host_asking_nothing_reaches_an_http_upstream_of_its_era_wi
             answer = await call("p__whoami", {})
             assert answer["result"]["content"][0]["text"] == "p"
             assert answer["result"]["_meta"] == {"io.modelcontextprotocol/serverInfo": (await _gateway_info(call))}
+            # a tool that asks its client anything stopped at the question there: made again on the session,
+            # whose question becomes this host's input_required round as before; answered, it completes
+            asked = (await call("p__ask", {}))["result"]
+            assert asked["resultType"] == "input_required", asked
+            (key, question), *_ = asked["inputRequests"].items()
+            assert question["params"]["message"] == "What is your name?"
+            params = {
+                "name": "p__ask",
+                "arguments": {},
+                "requestState": asked["requestState"],
+                "inputResponses": {key: {"action": "accept", "content": {"name": "Mina"}}},
+                "_meta": BARE_ENVELOPE,
+            }
+            message = {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": params}
+            retried = await http.post(url, json=message, headers=HEADERS | routed("p__ask"))
+            assert retried.json()["result"]["content"][0]["text"] == "accept:Mina"
             async with anyio.create_task_group() as tg:
                 tg.start_soon(post, 2, "p__slow", {"seconds": 60})
                 await eventually(lambda: marker.exists() and marker.read_text() == "started", 20, "the slow call")

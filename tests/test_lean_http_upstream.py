@@ -54,7 +54,7 @@ class Upstream:
             return web.Response(status=202)
         rid, method = message["id"], message["method"]
         era = request.headers.get("mcp-protocol-version", "")
-        if method == "server/discover" and self.scenario in ("refuses_sessionless", "asks_sessionless"):
+        if method == "server/discover" and self.scenario.endswith("_sessionless"):
             result = {"supportedVersions": ["2026-07-28"], "capabilities": {"tools": {}}, "resultType": "complete"}
             return web.json_response({"jsonrpc": "2.0", "id": rid, "result": result})
         if method == "tools/call":
@@ -62,6 +62,9 @@ class Upstream:
         if method == "tools/call" and era == "2026-07-28":
             if self.scenario == "refuses_sessionless":
                 error = {"code": types.HEADER_MISMATCH, "message": "Mcp-Name does not match"}
+                return web.json_response({"jsonrpc": "2.0", "id": rid, "error": error}, status=400)
+            if self.scenario == "cannot_ask_sessionless":  # the SDK's answer to a tool that asked its client
+                error = {"code": types.INVALID_REQUEST, "message": "Cannot send 'elicitation/create': no back-channel"}
                 return web.json_response({"jsonrpc": "2.0", "id": rid, "error": error}, status=400)
             asks = {"resultType": "input_required", "requestState": "s1"}
             return web.json_response({"jsonrpc": "2.0", "id": rid, "result": asks})
@@ -91,6 +94,7 @@ class Upstream:
             "cr_only": f"event: message\rdata: {reply}\r\r",
             "refuses_sessionless": f"data: {reply}\n\n",
             "asks_sessionless": f"data: {reply}\n\n",
+            "cannot_ask_sessionless": f"data: {reply}\n\n",
             "not_json": "data: {not json\n\n",
         }[self.scenario]
         return await self._events(request, text)
@@ -185,11 +189,11 @@ async def test_an_https_upstream_trusted_through_ssl_cert_file_answers_on_both_l
     assert sdk == lean == "ok"
 
 
-@pytest.mark.parametrize("scenario", ["refuses_sessionless", "asks_sessionless"])
-async def test_a_sessionless_call_refused_or_answered_input_required_is_asked_on_the_session(scenario: str) -> None:
+@pytest.mark.parametrize("scenario", ["refuses_sessionless", "asks_sessionless", "cannot_ask_sessionless"])
+async def test_a_sessionless_call_that_asks_or_is_refused_is_made_again_on_the_session(scenario: str) -> None:
     """An upstream that says it speaks the 2026 era gets a bare host's call so; when it refuses that
-    request (a header mismatch) or answers `input_required`, the call is asked again on the session, and
-    after a refusal the next calls go there at once."""
+    request (a header mismatch), or the tool asks (`input_required`, or the SDK's no-back-channel
+    error), the call is made again on the session, and the next call goes there at once."""
     upstream = Upstream(scenario)
     async with serving(upstream) as url:
         spooling = SpoolingTransport(None)
@@ -215,7 +219,4 @@ async def test_a_sessionless_call_refused_or_answered_input_required_is_asked_on
                         outcomes.append(await settled)
             lean.detach()
     assert [o["content"][0]["text"] for o in outcomes] == ["ok", "ok"]
-    if scenario == "refuses_sessionless":
-        assert upstream.calls == ["2026-07-28", "session", "session"]
-    else:
-        assert upstream.calls == ["2026-07-28", "session", "2026-07-28", "session"]
+    assert upstream.calls == ["2026-07-28", "session", "session"]

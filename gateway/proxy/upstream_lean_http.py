@@ -15,16 +15,16 @@ answer is read from the JSON body or the SSE events, as the SDK reads them:
 - long bodies and long SSE lines are spooled to disk as they stream, like the SDK leg's
   (`upstream_http.SpoolingTransport`), and every response's bytes count as a sign of life.
 
-A call of a 2026-era host that can be asked nothing (it declared no sampling, elicitation or roots) goes
-to an upstream that speaks that era too (its `server/discover`, asked once per connection, lists it) as
-that era's sessionless request: its envelope, its routing headers, no session. The upstream then
-answers it as it would answer that host directly (plain JSON, no event stream kept per call: about half
-its work for a small call in the SDK's server), and nothing the session leg relays is lost: no question
-can reach such a host either way, and it asked for no logs. An answer `input_required` (a server
-written for that era asks anyway) is taken back to the session, where its question is answered as
-before; so is a refusal of the request as that era's (a header mismatch, an unsupported version), and
-the upstream's later calls with it. A tool whose schema maps arguments to `Mcp-Param-*` headers stays on
-the session.
+A call of a 2026-era host that declared no sampling, elicitation or roots goes to an upstream that
+speaks that era too (its `server/discover`, asked once per connection, lists it) as that era's
+sessionless request: its envelope, its routing headers, no session. The upstream then answers it as it
+would answer that host directly (plain JSON, no event stream kept per call: about half its work for a
+small call in the SDK's server); the host asked for no logs. A tool that asks its client something all
+the same (its answer `input_required`, or the SDK's "no back-channel" error, `INVALID_REQUEST`) stopped
+at its question, as a server of that era does: it is called again on the session, where its question
+becomes the host's `input_required` round as before, and stays there. So is a call the upstream
+refuses as that era's (a header mismatch, an unsupported version), and its later calls with it. A tool
+whose schema maps arguments to `Mcp-Param-*` headers stays on the session.
 
 The interface is `lean.RawRequests`' (the stdio leg): `Upstream.start_lean` uses either.
 """
@@ -91,7 +91,8 @@ class HttpRawRequests:
         self._warned = False  # a failing call was logged at warning (once per connection)
         self.client_info = client_info  # the gateway's, as its session's `initialize` gave it
         self.modern: str | None = None  # the 2026-era version the upstream said it speaks (`_discover`)
-        self._retry: dict[str, tuple[bytes, Progress | None]] = {}  # sessionless call -> its session body
+        self._retry: dict[str, tuple[bytes, Progress | None, Any]] = {}  # sessionless call -> its session body
+        self._asking: set[Any] = set()  # tools that asked their client something: called on the session
 
     @property
     def ready(self) -> bool:
@@ -143,11 +144,12 @@ class HttpRawRequests:
             params = params | {"_meta": {**(params.get("_meta") or {}), "progressToken": rid}}
         body = _encode({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
         headers = None
-        if sessionless and (version := self.modern) is not None:
-            self._retry[rid] = (body, on_progress)
+        tool = params.get("name")
+        if sessionless and (version := self.modern) is not None and tool not in self._asking:
+            self._retry[rid] = (body, on_progress, tool)
             meta = {**(params.get("_meta") or {}), **self._envelope(version)}
             body = _encode({"jsonrpc": "2.0", "id": rid, "method": method, "params": params | {"_meta": meta}})
-            headers = self._modern_headers(version, method, params.get("name"))
+            headers = self._modern_headers(version, method, tool)
         task = asyncio.get_running_loop().create_task(self._post(rid, body, on_progress, headers))
         self._pending[rid] = (task, settle)
         return rid
@@ -170,19 +172,29 @@ class HttpRawRequests:
         A sessionless call's result is read as the session's would be (without the era's own fields),
         and one that answered `input_required` is asked again on the session."""
         if (retry := self._retry.pop(rid, None)) is not None:
-            refused = isinstance(outcome, types.ErrorData) and outcome.code in REFUSED_SESSIONLESS
-            if refused and self.modern is not None:  # it said it speaks the era, then refused it
-                log.warning("upstream %s refused a 2026-era request (%s): calls stay on its session", self.url, outcome)
-                self.modern = None
-            asks = isinstance(outcome, dict) and outcome.get("resultType", "complete") != "complete"
-            if (refused or asks) and rid in self._pending:
-                if isinstance(outcome, dict):
-                    spill.discard(outcome)
-                task = asyncio.get_running_loop().create_task(self._post(rid, *retry))
+            body, on_progress, tool = retry
+            again = False
+            if isinstance(outcome, types.ErrorData) and outcome.code in REFUSED_SESSIONLESS:
+                again = True
+                if self.modern is not None:  # it said it speaks the era, then refused it
+                    log.warning(
+                        "upstream %s refused a 2026-era request (%s): calls go to its session", self.url, outcome
+                    )
+                    self.modern = None
+            elif isinstance(outcome, types.ErrorData) and outcome.code == types.INVALID_REQUEST:
+                # the SDK's answer when the tool asked its client something: no back-channel on such a request
+                again = True
+                self._asking.add(tool)
+            elif isinstance(outcome, dict) and outcome.get("resultType", "complete") != "complete":
+                again = True  # input_required: it asks
+                self._asking.add(tool)
+                spill.discard(outcome)
+            elif isinstance(outcome, dict):
+                _as_session_result(outcome)
+            if again and rid in self._pending:
+                task = asyncio.get_running_loop().create_task(self._post(rid, body, on_progress))
                 self._pending[rid] = (task, self._pending[rid][1])
                 return
-            if isinstance(outcome, dict):
-                _as_session_result(outcome)
         waiting = self._pending.pop(rid, None)
         if waiting is None:
             if isinstance(outcome, dict):
