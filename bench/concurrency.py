@@ -10,8 +10,11 @@ The same run is made straight to the upstream, through the gateway (HTTP front, 
 with `lean_path` off), and through `http_relay.py`: uvicorn and httpx, the gateway's own HTTP
 libraries, relaying bytes without parsing them (the floor of a proxy built on them); the same with
 aiohttp behind, when it is installed (what the HTTP client alone costs); and a TCP relay copying
-bytes (the floor of any proxy process). Printed: calls per second, p50 / p99 latency, and
-calls lost or failed (the target is none). The load generator shares the two cores with the servers.
+bytes (the floor of any proxy process). Printed: calls per second, p50 / p99 latency, calls lost
+or failed (the target is none), and the CPU time (user + system, from /proc) each call cost the proxy
+process and the upstream; then each path's calls per second as a share of direct in the same round,
+median and range over the rounds. The load generator shares the two cores with the servers, and this
+machine's speed moves between runs: compare paths within one run.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -83,12 +88,35 @@ async def run(url: str, clients: int, calls: int, era: str) -> tuple[float, list
     return time.perf_counter() - start, latencies, failures
 
 
-HEADER = ["path", "calls", "wall", "calls/s", "p50", "p99", "lost or failed"]
+HEADER = ["path", "calls", "wall", "calls/s", "p50", "p99", "lost or failed", "proxy CPU/call", "upstream CPU/call"]
 
 
-def measured(label: str, url: str, clients: int, calls: int, era: str = "2025") -> list[str]:
-    """One `run` against `url`, as a row under HEADER (its first failures printed)."""
+def cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU time a process has used (Linux /proc); None elsewhere or without a process."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def per_call(before: float | None, after: float | None, n: int) -> str:
+    return "n/a" if before is None or after is None or not n else f"{(after - before) / n * 1e6:.0f} us"
+
+
+def measured(
+    label: str,
+    url: str,
+    clients: int,
+    calls: int,
+    era: str = "2025",
+    pids: tuple[int | None, int | None] = (None, None),
+) -> list[str]:
+    """One `run` against `url`, as a row under HEADER (its first failures printed); `pids`: the proxy's
+    process (None: direct) and the upstream's, whose CPU time per call is reported."""
+    start = [cpu_seconds(pid) for pid in pids]
     wall, latencies, failures = anyio.run(run, url, clients, calls, era)
+    end = [cpu_seconds(pid) for pid in pids]
     for failure in failures[:5]:
         print("  ", label, failure)
     return [
@@ -99,6 +127,7 @@ def measured(label: str, url: str, clients: int, calls: int, era: str = "2025") 
         f"{pct(latencies, 0.5) * 1000:.1f} ms",
         f"{pct(latencies, 0.99) * 1000:.1f} ms",
         str(clients * calls - len(latencies) + len(failures)),
+        *(per_call(a, b, len(latencies)) for a, b in zip(start, end, strict=True)),
     ]
 
 
@@ -111,7 +140,7 @@ def main(clients: int, calls: int, era: str, rounds: int, before: str | None) ->
         f"[gateway]\nworkspace = {json.dumps(str(tmp / 'ws'))}\n\n[servers.probe]\nurl = {json.dumps(upstream_url)}\n"
     )
     procs = [subprocess.Popen([sys.executable, PROBE, "--http", str(upstream_port)], stderr=subprocess.DEVNULL)]
-    paths = [("direct", upstream_url)]
+    paths: list[tuple[str, str, int | None]] = [("direct", upstream_url, None)]
     try:
         wait_listening(upstream_url, procs[0])
         gateways = [("gateway (all plugins)", "true", None), ("gateway, lean_path off", "false", None)]
@@ -126,7 +155,7 @@ def main(clients: int, calls: int, era: str, rounds: int, before: str | None) ->
                     [*gw, f"--lean-path={lean}"], stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=source
                 )
             )
-            paths.append((label, f"http://127.0.0.1:{port}/mcp"))
+            paths.append((label, f"http://127.0.0.1:{port}/mcp", procs[-1].pid))
             wait_listening(paths[-1][1], procs[-1])
         relays = [("HTTP relay (uvicorn + httpx, nothing parsed)", [])]
         if importlib.util.find_spec("aiohttp") is not None:
@@ -144,15 +173,22 @@ def main(clients: int, calls: int, era: str, rounds: int, before: str | None) ->
                 upstream_url,
             ]
             procs.append(subprocess.Popen(relay, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-            paths.append((label, f"http://127.0.0.1:{port}/mcp"))
+            paths.append((label, f"http://127.0.0.1:{port}/mcp", procs[-1].pid))
             wait_listening(paths[-1][1], procs[-1])
         rows = [HEADER]
+        upstream_pid = procs[0].pid
         for _ in range(rounds):  # the paths in turn, round after round: a machine that gets busier shifts them alike
-            rows += [measured(label, url, clients, calls, era) for label, url in paths]
+            rows += [measured(label, url, clients, calls, era, (pid, upstream_pid)) for label, url, pid in paths]
         print(
             f"{clients} clients x {calls} calls, each client its own MCP session over Streamable HTTP; host era {era}\n"
         )
         print(table(rows))
+        print("\ncalls/s as a share of direct in the same round (median, lowest-highest):")
+        for n, (label, _, _) in enumerate(paths[1:], 1):
+            shares = sorted(
+                float(rows[1 + r * len(paths) + n][3]) / float(rows[1 + r * len(paths)][3]) for r in range(rounds)
+            )
+            print(f"  {label}: {statistics.median(shares):.2f}x ({shares[0]:.2f}-{shares[-1]:.2f})")
     finally:
         for proc in procs:
             proc.terminate()
