@@ -1,11 +1,13 @@
 """Sixteen hosts calling at once over Streamable HTTP: throughput and latency, direct vs gateway.
 
-    python bench/concurrency.py [--clients 16] [--calls 200] [--era 2025|2026] [--rounds 2] [--before DIR]
+    python bench/concurrency.py [--clients 16] [--calls 200] [--era 2025|2026] [--rounds 2] [--before DIR] [--paged]
 
 The upstream is the test suite's probe server over Streamable HTTP on 127.0.0.1. Each client opens its
 own MCP session (`--era 2025`: a handshake-era `ClientSession`; `2026`: the SDK's `Client` in the
 2026-07-28 mode, sessionless: every request carries its envelope) and makes `--calls` small `echo`
-calls one after another; all clients run at once.
+calls one after another; all clients run at once. The probe declares its echo read-only and lists its
+tools in one page, as a server built on the SDK's MCPServer with annotated tools does (`--paged`: pages
+of 5 and nothing declared, the calls of 2026-era hosts then stay on the gateway's session).
 The same run is made straight to the upstream, through the gateway (HTTP front, all plugins on; and
 with `lean_path` off), and through `http_relay.py`: uvicorn and httpx, the gateway's own HTTP
 libraries, relaying bytes without parsing them (the floor of a proxy built on them); the same with
@@ -131,7 +133,7 @@ def measured(
     ]
 
 
-def main(clients: int, calls: int, era: str, rounds: int, before: str | None) -> None:
+def main(clients: int, calls: int, era: str, rounds: int, before: str | None, paged: bool = False) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="ctx-bench-concurrency-"))
     upstream_port = free_port()
     upstream_url = f"http://127.0.0.1:{upstream_port}/mcp"
@@ -139,7 +141,11 @@ def main(clients: int, calls: int, era: str, rounds: int, before: str | None) ->
     config.write_text(
         f"[gateway]\nworkspace = {json.dumps(str(tmp / 'ws'))}\n\n[servers.probe]\nurl = {json.dumps(upstream_url)}\n"
     )
-    procs = [subprocess.Popen([sys.executable, PROBE, "--http", str(upstream_port)], stderr=subprocess.DEVNULL)]
+    # the probe declares its echo read-only and lists its tools in one page, as an MCPServer with annotated
+    # tools does (`--paged`: pages of 5, nothing declared); a 2026-era host's call may then reach it sessionless
+    style = {} if paged else {"PROBE_READ_ONLY": "1", "PROBE_PAGE_SIZE": "100"}
+    probe = [sys.executable, PROBE, "--http", str(upstream_port)]
+    procs = [subprocess.Popen(probe, stderr=subprocess.DEVNULL, env={**os.environ, **style})]
     paths: list[tuple[str, str, int | None]] = [("direct", upstream_url, None)]
     try:
         wait_listening(upstream_url, procs[0])
@@ -202,5 +208,6 @@ if __name__ == "__main__":
     parser.add_argument("--era", choices=["2025", "2026"], default="2025", help="the hosts' protocol era")
     parser.add_argument("--rounds", type=int, default=2, help="times every path is measured, in turn")
     parser.add_argument("--before", help="another checkout's gateway, measured in the same rounds")
+    parser.add_argument("--paged", action="store_true", help="the probe pages its tools and declares none read-only")
     args = parser.parse_args()
-    main(args.clients, args.calls, args.era, args.rounds, args.before)
+    main(args.clients, args.calls, args.era, args.rounds, args.before, args.paged)

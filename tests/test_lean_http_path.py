@@ -21,7 +21,16 @@ import pytest
 from conftest import eventually, http_gateway, probe, text_of
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
-from test_lean_path import BARE_ENVELOPE, CALLS, ENVELOPE, EVERY_PLUGIN, WIRE, probe_over_http, sessionless_soon
+from test_lean_path import (
+    BARE_ENVELOPE,
+    CALLS,
+    ENVELOPE,
+    EVERY_PLUGIN,
+    SESSIONLESS,
+    WIRE,
+    probe_over_http,
+    sessionless_soon,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -284,7 +293,7 @@ async def test_a_2026_host_asking_nothing_reaches_an_http_upstream_of_its_era_wi
     closing its stream still stops the call at the upstream."""
     marker = tmp_path / "cancel.txt"
     with (
-        probe_over_http("p", WIRE | {"PROBE_CANCEL_MARKER": str(marker)}) as upstream,
+        probe_over_http("p", WIRE | SESSIONLESS | {"PROBE_CANCEL_MARKER": str(marker)}) as upstream,
         http_gateway(tmp_path, "--lean-path=true", servers={"p": upstream}) as url,
     ):
         async with httpx2.AsyncClient(timeout=httpx2.Timeout(60)) as http:

@@ -63,9 +63,22 @@ class Upstream:
             if self.scenario == "refuses_sessionless":
                 error = {"code": types.HEADER_MISMATCH, "message": "Mcp-Name does not match"}
                 return web.json_response({"jsonrpc": "2.0", "id": rid, "error": error}, status=400)
-            if self.scenario == "cannot_ask_sessionless":  # the SDK's answer to a tool that asked its client
-                error = {"code": types.INVALID_REQUEST, "message": "Cannot send 'elicitation/create': no back-channel"}
+            refusals = {
+                # the SDK's answer to a tool that asked its client
+                "cannot_ask_sessionless": (types.INVALID_REQUEST, "Cannot send 'elicitation/create': no back-channel"),
+                "own_error_sessionless": (types.INVALID_REQUEST, "the order id is not valid"),  # the tool's own
+                "crash_sessionless": (types.INTERNAL_ERROR, "Internal server error"),  # that era hides the cause
+            }
+            if self.scenario in refusals:
+                code, text = refusals[self.scenario]
+                error = {"code": code, "message": text}
                 return web.json_response({"jsonrpc": "2.0", "id": rid, "error": error}, status=400)
+            if self.scenario == "wants_session_sessionless":  # as a server without that era refuses a request
+                error = {"code": -32000, "message": "Bad Request: No valid session ID provided"}
+                return web.json_response({"jsonrpc": "2.0", "id": None, "error": error}, status=400)
+            if self.scenario == "wrong_id_sessionless":
+                wrong = {"jsonrpc": "2.0", "id": "not-yours", "result": {"content": [{"type": "text", "text": "?"}]}}
+                return web.json_response(wrong)
             asks = {"resultType": "input_required", "requestState": "s1"}
             return web.json_response({"jsonrpc": "2.0", "id": rid, "result": asks})
         if method == "initialize":
@@ -95,6 +108,10 @@ class Upstream:
             "refuses_sessionless": f"data: {reply}\n\n",
             "asks_sessionless": f"data: {reply}\n\n",
             "cannot_ask_sessionless": f"data: {reply}\n\n",
+            "own_error_sessionless": f"data: {reply}\n\n",
+            "crash_sessionless": f"data: {reply}\n\n",
+            "wants_session_sessionless": f"data: {reply}\n\n",
+            "wrong_id_sessionless": f"data: {reply}\n\n",
             "not_json": "data: {not json\n\n",
         }[self.scenario]
         return await self._events(request, text)
@@ -189,12 +206,30 @@ async def test_an_https_upstream_trusted_through_ssl_cert_file_answers_on_both_l
     assert sdk == lean == "ok"
 
 
-@pytest.mark.parametrize("scenario", ["refuses_sessionless", "asks_sessionless", "cannot_ask_sessionless"])
-async def test_a_sessionless_call_that_asks_or_is_refused_is_made_again_on_the_session(scenario: str) -> None:
-    """An upstream that says it speaks the 2026 era gets a bare host's call so; when it refuses that
-    request (a header mismatch), or the tool asks (`input_required`, or the SDK's no-back-channel
-    error), the call is made again on the session, and the next call goes there at once."""
+SESSIONLESS_CASES = {  # scenario: (what the two calls answer, what the upstream saw, clock restarts)
+    # refused as that era's request (its headers; a server that wants a session): made on the session,
+    # and the next call goes there at once
+    "refuses_sessionless": (["ok", "ok"], ["2026-07-28", "session", "session"], 1),
+    "wants_session_sessionless": (["ok", "ok"], ["2026-07-28", "session", "session"], 1),
+    # the tool asks (input_required, the SDK's no-back-channel error): made on the session, and that tool
+    # stays there
+    "asks_sessionless": (["ok", "ok"], ["2026-07-28", "session", "session"], 1),
+    "cannot_ask_sessionless": (["ok", "ok"], ["2026-07-28", "session", "session"], 1),
+    # the handler failed, its cause hidden by that era: the session's answer says it (each time)
+    "crash_sessionless": (["ok", "ok"], ["2026-07-28", "session", "2026-07-28", "session"], 2),
+    # the tool's own error is its answer, made once
+    "own_error_sessionless": ([-32600, -32600], ["2026-07-28", "2026-07-28"], 0),
+    # a reply to another request is not this call's answer: the session's is
+    "wrong_id_sessionless": (["ok", "ok"], ["2026-07-28", "session", "2026-07-28", "session"], 2),
+}
+
+
+@pytest.mark.parametrize("scenario", list(SESSIONLESS_CASES))
+async def test_a_sessionless_call_is_made_again_on_the_session_only_when_that_tells_more(scenario: str) -> None:
+    """An upstream that says it speaks the 2026 era gets a bare host's call of a read-only tool so; what
+    each of its answers leads to (`SESSIONLESS_CASES`). A call made again starts its clock again."""
     upstream = Upstream(scenario)
+    answers, seen, restarts = SESSIONLESS_CASES[scenario]
     async with serving(upstream) as url:
         spooling = SpoolingTransport(None)
         async with (
@@ -208,15 +243,31 @@ async def test_a_sessionless_call_that_asks_or_is_refused_is_made_again_on_the_s
             lean = HttpRawRequests(url, {}, spooling, lambda: None, {"name": "gw", "version": "1"})
             lean.attach(sink)
             lean.session_ready()
-            outcomes = []
+            outcomes, clock = [], []
             async with source:
                 with anyio.fail_after(10):
                     while lean.modern is None:  # its server/discover, answered in the background
                         await anyio.sleep(0.01)
                     for _ in range(2):
                         settled = asyncio.get_running_loop().create_future()
-                        lean.start("tools/call", {"name": "x", "arguments": {}}, settled.set_result, sessionless=True)
+                        params = {"name": "x", "arguments": {}}
+                        lean.start("tools/call", params, settled.set_result, lambda: clock.append(1), sessionless=True)
                         outcomes.append(await settled)
             lean.detach()
-    assert [o["content"][0]["text"] for o in outcomes] == ["ok", "ok"]
-    assert upstream.calls == ["2026-07-28", "session", "session"]
+    assert [o["content"][0]["text"] if isinstance(o, dict) else o.code for o in outcomes] == answers
+    assert upstream.calls == seen
+    assert len(clock) == restarts
+
+
+async def test_a_connection_ended_at_once_leaves_no_client_behind() -> None:
+    """The background `server/discover` of a connection that ended before it ran opens no HTTP client."""
+    upstream = Upstream("asks_sessionless")
+    async with serving(upstream) as url:
+        spooling = SpoolingTransport(None)
+        spooling.session_headers = {"mcp-session-id": "S1", "mcp-protocol-version": "2025-11-25"}
+        lean = HttpRawRequests(url, {}, spooling, lambda: None)
+        lean.attach(anyio.create_memory_object_stream[Any](0)[0])
+        lean.session_ready()
+        lean.detach()
+        await asyncio.gather(*lean._tasks, return_exceptions=True)
+        assert lean._client is None

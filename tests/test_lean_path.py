@@ -117,6 +117,8 @@ ENVELOPE = {  # what a 2026-07-28 host sends with every request, instead of a ha
 }
 # a 2026-era host that can be asked nothing: its calls may reach an upstream of its era sessionless
 BARE_ENVELOPE = ENVELOPE | {"io.modelcontextprotocol/clientCapabilities": {}}
+# ... when the tool is declared read-only (or idempotent) and its server lists its tools in one page
+SESSIONLESS = {"PROBE_READ_ONLY": "1", "PROBE_PAGE_SIZE": "100"}
 
 
 async def sessionless_soon(call: Callable[..., Any]) -> int:
@@ -152,7 +154,7 @@ def upstream_probe(transport: str, name: str, env: dict[str, str], **cfg: Any) -
 async def _answers(
     tmp_path: Path, lean: bool, era: str = "2025", upstream: str = "stdio", waited: int = 0
 ) -> tuple[list[dict], list[dict]]:
-    with upstream_probe(upstream, "p", WIRE) as server:
+    with upstream_probe(upstream, "p", WIRE | (SESSIONLESS if era == "2026-bare" else {})) as server:
         return await _answers_from(tmp_path, lean, era, {"p": server}, waited)
 
 
@@ -188,7 +190,8 @@ async def _answers_from(
         # above the 4 MB spool threshold: the reply is read from disk with its long strings left there (a
         # 3 MB body is a ~6.7 MB line, text and structuredContent; 6 MB took twice the time for the same path)
         big = await call("p__big", {"size": 3_000_000, "kind": "structured"})
-        eras = [(await call(name, {"region": "eu"}))["result"] for name in ("p__era", "p__mrtr", "p__routed")]
+        tools = ("p__era", "p__mrtr", "p__routed", "p__era_rw")
+        eras = [(await call(name, {"region": "eu"}))["result"] for name in tools]
     return answers, [ids[0]["result"], ids[1]["result"], big["result"], ledger, *eras, waited]
 
 
@@ -215,12 +218,14 @@ async def test_lean_path_answers_exactly_as_the_sdk_path(tmp_path: Path, era: st
     assert lean_extra[2].get("structuredContent") == sdk_extra[2].get("structuredContent")
     # both paths count the same tokens into the monitor's ledger
     assert lean_extra[3] == sdk_extra[3] and lean_extra[3]["results"] > 0, (lean_extra[3], sdk_extra[3])
-    # a bare 2026-era host's call reached the HTTP upstream as that era's request, and nothing else did;
-    # a tool that answers input_required there, or maps arguments to headers, was called on the session
+    # a bare 2026-era host's call of a read-only tool reached the HTTP upstream as that era's request, and
+    # nothing else did; a tool that answers input_required there, maps arguments to headers or is not
+    # declared read-only was called on the session
     eras = [[r["content"][0]["text"] for r in extra[4:-1]] for extra in (lean_extra, sdk_extra)]
     sessionless = era == "2026-bare" and upstream == "http"
-    assert eras[0] == ["2026-07-28" if sessionless else "2025-11-25", "answered on the session", "2025-11-25"]
-    assert eras[1] == ["2025-11-25", "answered on the session", "2025-11-25"]
+    handshake = "2025-11-25"
+    assert eras[0] == ["2026-07-28" if sessionless else handshake, "answered on the session", handshake, handshake]
+    assert eras[1] == [handshake, "answered on the session", handshake, handshake]
 
 
 async def test_lean_calls_are_cancelled_and_timed_out_at_the_upstream(tmp_path: Path) -> None:

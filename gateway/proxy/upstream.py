@@ -49,6 +49,7 @@ BACKOFF_MAX = 30.0
 HEALTHY_AFTER = 60.0  # a connection that lived this long resets the backoff
 LOG_GRACE = 1.0  # s a call counts as in flight after its reply, for the log lines relayed behind it
 CLIENT_INFO = types.Implementation(name="mcp-context-gateway", version="0.1.0")
+SESSIONLESS_TOOLS = 64  # a server listing more tools (or in pages) keeps its calls on the session
 
 PROCESS_EXITED = "the server process exited or closed its stdout"
 EXITED_AT_START = "the server exited during start-up"
@@ -92,6 +93,24 @@ class _InFlight:
 def _maps_headers(schema: Any) -> bool:
     """A tool's input schema names arguments a 2026-era call also sends as `Mcp-Param-*` headers."""
     return find_invalid_x_mcp_header(schema) is not None or bool(x_mcp_header_map(schema))
+
+
+def sessionless_tools(tools: list[types.Tool], pages: int) -> frozenset[str]:
+    """The tools whose calls may go to their server as 2026-era requests: none when the server pages its
+    tools or lists many (the SDK's server builds that listing again for every such call with arguments,
+    to check its Mcp-Param headers, unless it has a schema lookup of its own)."""
+    if pages != 1 or len(tools) > SESSIONLESS_TOOLS:
+        return frozenset()
+    return frozenset(t.name for t in tools if _may_go_sessionless(t))
+
+
+def _may_go_sessionless(tool: types.Tool) -> bool:
+    """A tool whose calls may go to its server as 2026-era requests (`upstream_lean_http`): one its server
+    declares read-only or idempotent, as a call made again on the session after it asked (or failed)
+    there has run twice up to that point; and not one whose arguments go into headers too."""
+    notes = tool.annotations
+    safe = notes is not None and (notes.read_only_hint is True or notes.idempotent_hint is True)
+    return safe and not _maps_headers(tool.input_schema)
 
 
 def _not_answered(what: str) -> types.ErrorData:
@@ -142,7 +161,8 @@ class Upstream:
         self.server_info: types.Implementation | None = None
         self.instructions: str | None = None
         self.tools: list[types.Tool] = []
-        self.param_headed: frozenset[str] = frozenset()
+        self.sessionless: frozenset[str] = frozenset()  # tools whose calls may go as 2026-era requests
+        self.asking: set[str] = set()  # tools that asked their client when called so: kept on the session
         self.resources: list[types.Resource] = []
         self.templates: list[types.ResourceTemplate] = []
         self.prompts: list[types.Prompt] = []
@@ -300,6 +320,7 @@ class Upstream:
                 self._spooling,
                 self._heard,
                 CLIENT_INFO.model_dump(mode="json", exclude_none=True),
+                self.asking,
             )
             self.raw = raw
             sink, source = anyio.create_memory_object_stream[SessionMessage | Exception](0)
@@ -486,12 +507,19 @@ class Upstream:
         caps = session.server_capabilities
         lists: dict[str, list[Any]] = {"tools": [], "resources": [], "resource_templates": [], "prompts": []}
 
+        tool_pages = 0
+
         async def fill(kind: str, fetch: Callable[[Any], Awaitable[Any]]) -> None:
             lists[kind] = await _paginate(fetch, kind)
 
+        async def tools_page(params: types.PaginatedRequestParams) -> types.ListToolsResult:
+            nonlocal tool_pages
+            tool_pages += 1
+            return await _list_tools(session, params)
+
         async with anyio.create_task_group() as tg:  # at once: the first listing waits for the slowest
             if caps and caps.tools:
-                tg.start_soon(fill, "tools", lambda params: _list_tools(session, params))
+                tg.start_soon(fill, "tools", tools_page)
             if caps and caps.resources:
                 tg.start_soon(fill, "resources", session.list_resources)
                 tg.start_soon(fill, "resource_templates", session.list_resource_templates)
@@ -499,7 +527,7 @@ class Upstream:
                 tg.start_soon(fill, "prompts", session.list_prompts)
         self.tools, self.resources = lists["tools"], lists["resources"]
         # tools whose arguments go into `Mcp-Param-*` headers too: their calls stay on the session
-        self.param_headed = frozenset(t.name for t in self.tools if _maps_headers(t.input_schema))
+        self.sessionless = sessionless_tools(self.tools, tool_pages)
         self.templates, self.prompts = lists["resource_templates"], lists["prompts"]
 
     # -- forwarding -------------------------------------------------------------------------
@@ -621,7 +649,7 @@ class Upstream:
         flight = _InFlight(host[0], host[1], clock, timeout, exchange, namespace)
         try:
             if isinstance(self.raw, HttpRawRequests):
-                sessionless = asks_nothing(host[0]) and tool not in self.param_headed
+                sessionless = tool in self.sessionless and tool not in self.asking and asks_nothing(host[0])
                 rid = self.raw.start("tools/call", params, settle, progressed, sessionless)
             else:
                 rid = self.raw.start("tools/call", params, settle, progressed)

@@ -15,16 +15,18 @@ answer is read from the JSON body or the SSE events, as the SDK reads them:
 - long bodies and long SSE lines are spooled to disk as they stream, like the SDK leg's
   (`upstream_http.SpoolingTransport`), and every response's bytes count as a sign of life.
 
-A call of a 2026-era host that declared no sampling, elicitation or roots goes to an upstream that
-speaks that era too (its `server/discover`, asked once per connection, lists it) as that era's
-sessionless request: its envelope, its routing headers, no session. The upstream then answers it as it
-would answer that host directly (plain JSON, no event stream kept per call: about half its work for a
-small call in the SDK's server); the host asked for no logs. A tool that asks its client something all
-the same (its answer `input_required`, or the SDK's "no back-channel" error, `INVALID_REQUEST`) stopped
-at its question, as a server of that era does: it is called again on the session, where its question
-becomes the host's `input_required` round as before, and stays there. So is a call the upstream
-refuses as that era's (a header mismatch, an unsupported version), and its later calls with it. A tool
-whose schema maps arguments to `Mcp-Param-*` headers stays on the session.
+A call of a 2026-era host that declared no sampling, elicitation or roots, to a tool its server declares
+read-only or idempotent, goes to an upstream that speaks that era too (its `server/discover`, asked once
+per connection, lists it) as that era's sessionless request: its envelope, its routing headers, no
+session (`Upstream.start_lean` picks the calls: `upstream.sessionless_tools`). The upstream then answers
+it as it would answer that host directly (plain JSON, no event stream kept per call: about half its
+work for a small call in the SDK's server); the host asked for no logs. The call is made again on the
+session, its clock started again, when the answer tells less than the session's would: the tool asked
+its client something all the same (`input_required`, or the SDK's no-back-channel error), so its
+question becomes the host's `input_required` round as before, and the tool stays on the session; its
+handler failed (that era hides the cause); the request was refused as that era's (a header mismatch, an
+unsupported version, an error not in its name), and the upstream's later calls go to the session too.
+Those tools run twice up to that point, which is why only tools declared read-only or idempotent go.
 
 The interface is `lean.RawRequests`' (the stdio leg): `Upstream.start_lean` uses either.
 """
@@ -62,6 +64,8 @@ POST_HEADERS = {"accept": "application/json, text/event-stream", "content-type":
 DISCOVER_ID = f"{ID_PREFIX}discover"
 # a sessionless request the upstream refused as such (its routing headers, its era): asked on the session
 REFUSED_SESSIONLESS = frozenset((types.HEADER_MISMATCH, types.UNSUPPORTED_PROTOCOL_VERSION))
+# an HTTP error to a sessionless request that does not answer it by its id (a server that wants a session)
+NOT_THIS_ERA = types.ErrorData(code=types.INVALID_REQUEST, message="refused as a sessionless request")
 
 
 class HttpRawRequests:
@@ -74,6 +78,7 @@ class HttpRawRequests:
         spooling: SpoolingTransport,
         heard: Any,
         client_info: dict[str, Any] | None = None,
+        asking: set[Any] | None = None,
     ) -> None:
         self.url = url
         self.headers = {k.lower(): v for k, v in headers.items()}
@@ -92,7 +97,10 @@ class HttpRawRequests:
         self.client_info = client_info  # the gateway's, as its session's `initialize` gave it
         self.modern: str | None = None  # the 2026-era version the upstream said it speaks (`_discover`)
         self._retry: dict[str, tuple[bytes, Progress | None, Any]] = {}  # sessionless call -> its session body
-        self._asking: set[Any] = set()  # tools that asked their client something: called on the session
+        # tools that asked their client something when called so: called on the session (the upstream's, so
+        # that it outlives this connection)
+        self._asking: set[Any] = asking if asking is not None else set()
+        self._discovering: asyncio.Task[None] | None = None
 
     @property
     def ready(self) -> bool:
@@ -108,12 +116,14 @@ class HttpRawRequests:
         self._session = dict(seen) if seen is not None else None
         self.modern = None
         if self._session is not None:
-            self._spawn(self._discover())
+            self._discovering = self._spawn(self._discover())
 
     def detach(self) -> None:
         """The connection ended: every request still waiting fails as the SDK's would."""
         self._session = self._inject = self.modern = None
         self._retry.clear()
+        if self._discovering is not None:
+            self._discovering.cancel()
         pending, self._pending = self._pending, {}
         for task, settle in pending.values():
             task.cancel()
@@ -169,29 +179,38 @@ class HttpRawRequests:
 
     def _settle(self, rid: str, outcome: Any) -> None:
         """`rid`'s outcome to its caller, once; a reply nobody waits for any more leaves no files behind.
-        A sessionless call's result is read as the session's would be (without the era's own fields),
-        and one that answered `input_required` is asked again on the session."""
+        A sessionless call's result is read as the session's would be (without the era's own fields); one
+        that asked, failed inside its handler, or was refused as that era's is made again on the session,
+        with its clock started again."""
         if (retry := self._retry.pop(rid, None)) is not None:
             body, on_progress, tool = retry
-            again = False
-            if isinstance(outcome, types.ErrorData) and outcome.code in REFUSED_SESSIONLESS:
-                again = True
+            again = True
+            if outcome is NOT_THIS_ERA or (
+                isinstance(outcome, types.ErrorData) and outcome.code in REFUSED_SESSIONLESS
+            ):
                 if self.modern is not None:  # it said it speaks the era, then refused it
                     log.warning(
                         "upstream %s refused a 2026-era request (%s): calls go to its session", self.url, outcome
                     )
                     self.modern = None
-            elif isinstance(outcome, types.ErrorData) and outcome.code == types.INVALID_REQUEST:
-                # the SDK's answer when the tool asked its client something: no back-channel on such a request
-                again = True
+            elif (
+                isinstance(outcome, types.ErrorData)
+                and outcome.code == types.INVALID_REQUEST
+                and ("back-channel" in outcome.message)
+            ):  # the SDK's answer when the tool asked its client something: no back-channel on such a request
                 self._asking.add(tool)
+            elif isinstance(outcome, types.ErrorData) and outcome.code == types.INTERNAL_ERROR:
+                pass  # that era hides what a failing handler raised; the session's answer says it
             elif isinstance(outcome, dict) and outcome.get("resultType", "complete") != "complete":
-                again = True  # input_required: it asks
-                self._asking.add(tool)
+                self._asking.add(tool)  # input_required: it asks
                 spill.discard(outcome)
-            elif isinstance(outcome, dict):
-                _as_session_result(outcome)
+            else:
+                again = False
+                if isinstance(outcome, dict):
+                    _as_session_result(outcome)
             if again and rid in self._pending:
+                if on_progress is not None:  # the clock starts again: the call is made anew
+                    on_progress()
                 task = asyncio.get_running_loop().create_task(self._post(rid, body, on_progress))
                 self._pending[rid] = (task, self._pending[rid][1])
                 return
@@ -240,33 +259,46 @@ class HttpRawRequests:
                 if kind.startswith("text/event-stream") and response.status < 300:
                     await self._stream(rid, response, on_progress)
                 else:
-                    self._settle(rid, await self._answer(response, kind))
+                    self._settle(rid, await self._answer(response, kind, rid))
                 return
         self._settle(rid, types.ErrorData(code=types.INVALID_REQUEST, message="too many redirects"))
 
-    async def _answer(self, response: Any, kind: str) -> Any:
-        """A reply that is not an event stream, as the SDK reads it."""
+    async def _answer(self, response: Any, kind: str, rid: str) -> Any:
+        """A reply that is not an event stream, as the SDK reads it; a reply to another request id is
+        the SDK session's (a server's mistake): this call is told so instead of waiting for its clock."""
         if 300 <= response.status < 400:  # a redirect the SDK would not follow either
             where = _shown(response.headers.get("location", ""), self.url)
             return types.ErrorData(code=types.INVALID_REQUEST, message=f"Redirect to {where} not followed")
         if response.status >= 400:
-            return await self._http_error(response, kind)
+            return await self._http_error(response, kind, rid)
         if response.status == 202:
             return types.ErrorData(code=types.INVALID_REQUEST, message="server answered a request with 202 Accepted")
         if kind.startswith("application/json"):
             raw = await self._body(response)
-            return _outcome(raw) if isinstance(raw, dict) and ("result" in raw or "error" in raw) else _unread()
+            if not (isinstance(raw, dict) and ("result" in raw or "error" in raw)):
+                return _unread()
+            if raw.get("id") != rid:
+                if isinstance(raw.get("result"), dict):
+                    spill.discard(raw["result"])
+                return types.ErrorData(code=types.INTERNAL_ERROR, message="the server answered another request's id")
+            return _outcome(raw)
         return types.ErrorData(code=types.INVALID_REQUEST, message=f"Unexpected content type: {kind}")
 
-    async def _http_error(self, response: Any, kind: str) -> types.ErrorData:
-        """A non-2xx answer as the SDK reads it: the JSON-RPC error in the body, else one for the status."""
+    async def _http_error(self, response: Any, kind: str, rid: str) -> types.ErrorData:
+        """A non-2xx answer as the SDK reads it: the JSON-RPC error in the body, else one for the status.
+        To a sessionless request, one that does not answer it by its id is a refusal of the request as
+        such (`NOT_THIS_ERA`: it is made on the session)."""
         if kind.startswith("application/json"):
             try:
                 raw = json.loads(await response.read())
                 if isinstance(raw, dict) and isinstance(raw.get("error"), dict):
+                    if rid in self._retry and raw.get("id") != rid:
+                        return NOT_THIS_ERA
                     return types.ErrorData.model_validate(raw["error"])
             except ValueError:
                 pass
+        if rid in self._retry:
+            return NOT_THIS_ERA
         if response.status == 404:
             if "mcp-session-id" not in (self._session or {}):
                 return types.ErrorData(code=types.METHOD_NOT_FOUND, message="Not Found")
@@ -375,6 +407,8 @@ class HttpRawRequests:
         """Whether the upstream speaks the 2026 era too (`server/discover` lists it): then a call that
         asks nothing of its host may go to it sessionless (`start`). Asked once per connection; no
         answer, an error or another era leaves every call on the session."""
+        if not self.ready:
+            return
         version = MODERN_PROTOCOL_VERSIONS[-1]
         params = {"_meta": self._envelope(version)}
         body = _encode({"jsonrpc": "2.0", "id": DISCOVER_ID, "method": "server/discover", "params": params})
@@ -436,10 +470,11 @@ class HttpRawRequests:
         )
         return self._client
 
-    def _spawn(self, work: Any) -> None:
+    def _spawn(self, work: Any) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
 
 class _Sse:

@@ -26,8 +26,15 @@ from mcp.server import Server, ServerRequestContext
 PNG_1PX = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
 
 
+# tools that change nothing, declared read-only with PROBE_READ_ONLY=1 (a 2026-era call of such a tool
+# may reach the server sessionless); PROBE_PAGE_SIZE: tools per tools/list page (5)
+READ_ONLY = ("echo", "slow", "whoami", "ask", "era", "mrtr", "routed")
+
+
 def _tool(name: str, description: str, props: dict[str, Any] | None = None, **extra: Any) -> types.Tool:
     schema = {"type": "object", "properties": props or {}}
+    if os.environ.get("PROBE_READ_ONLY") and name in READ_ONLY:
+        extra["annotations"] = types.ToolAnnotations(read_only_hint=True)
     return types.Tool(name=name, description=description, input_schema=schema, **extra)
 
 
@@ -64,6 +71,7 @@ def build(name: str, extra_tools: int, shuffle: bool = False, mutate: str = "") 
             _tool("kinds", "Return one content block of every kind, structured content and _meta."),
             _tool("rpc_error", "Answer with a JSON-RPC error instead of a result."),
             _tool("era", "Return the protocol version this call came in."),
+            _tool("era_rw", "Return the protocol version this call came in (not declared read-only)."),
             _tool("mrtr", "Ask by answering input_required when called in the 2026 era."),
             _tool(
                 "routed",
@@ -93,7 +101,7 @@ def build(name: str, extra_tools: int, shuffle: bool = False, mutate: str = "") 
         if shuffle:  # another order after every change (the same one across the pages of one listing)
             random.Random(len(added)).shuffle(tools)
         start = int(params.cursor) if params and params.cursor else 0
-        end = start + 5
+        end = start + int(os.environ.get("PROBE_PAGE_SIZE", "5"))
         return types.ListToolsResult(tools=tools[start:end], next_cursor=str(end) if end < len(tools) else None)
 
     async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> Any:
@@ -120,7 +128,11 @@ def build(name: str, extra_tools: int, shuffle: bool = False, mutate: str = "") 
             return types.CallToolResult(
                 content=[types.TextContent(text=f"{answer.action}:{(answer.content or {}).get('name', '')}")]
             )
-        if tool in ("era", "routed"):  # the protocol version the call came in (2026-07-28: a sessionless request)
+        if tool in (
+            "era",
+            "era_rw",
+            "routed",
+        ):  # the protocol version the call came in (2026-07-28: a sessionless request)
             return types.CallToolResult(
                 content=[types.TextContent(text=str(getattr(ctx.session, "protocol_version", None)))]
             )

@@ -7,7 +7,7 @@ import mcp_types as types
 from mcp.server.connection import Connection
 
 from gateway.proxy.host_sessions import asks_nothing
-from gateway.proxy.upstream import _maps_headers
+from gateway.proxy.upstream import SESSIONLESS_TOOLS, _maps_headers, sessionless_tools
 from gateway.proxy.upstream_lean_http import _as_session_result, _Event
 
 
@@ -54,6 +54,31 @@ def test_a_tool_mapping_arguments_to_headers_is_told_apart() -> None:
     assert not _maps_headers({"type": "object", "properties": {"q": {"type": "string"}}})
     assert _maps_headers({"type": "object", "properties": {"r": {"type": "string", "x-mcp-header": "Region"}}})
     assert _maps_headers({"type": "object", "properties": {"r": {"type": "object", "x-mcp-header": "Bad"}}})
+
+
+def test_only_read_only_or_idempotent_tools_of_a_short_one_page_listing_go_sessionless() -> None:
+    def tool(name: str, **notes: bool) -> types.Tool:
+        schema = {"type": "object", "properties": {"q": {"type": "string"}}}
+        return types.Tool(name=name, input_schema=schema, annotations=types.ToolAnnotations(**notes) if notes else None)
+
+    headed = types.Tool(
+        name="headed",
+        input_schema={"type": "object", "properties": {"r": {"type": "string", "x-mcp-header": "R"}}},
+        annotations=types.ToolAnnotations(read_only_hint=True),
+    )
+    tools = [
+        tool("read", read_only_hint=True),
+        tool("again", idempotent_hint=True),
+        tool("writes", read_only_hint=False),
+        tool("says_nothing"),
+        headed,
+    ]
+    # a tool made again on the session after it asked has run twice up to its question: only one that
+    # changes nothing, or nothing more the second time, may
+    assert sessionless_tools(tools, 1) == {"read", "again"}
+    assert sessionless_tools(tools, 2) == frozenset()  # a paging server lists them again for every call
+    many = [tool(f"t{i}", read_only_hint=True) for i in range(SESSIONLESS_TOOLS + 1)]
+    assert sessionless_tools(many, 1) == frozenset()
 
 
 def test_a_2026_result_is_read_without_the_eras_fields_and_the_upstreams_server_info() -> None:
