@@ -146,17 +146,24 @@ async def serving(upstream: Upstream, tls: ssl.SSLContext | None = None) -> Asyn
         await runner.cleanup()
 
 
+@asynccontextmanager
+async def sdk_session(url: str) -> AsyncIterator[tuple[ClientSession, SpoolingTransport]]:
+    """The SDK's client session to `url`, initialized, on the spooling transport the lean leg reads."""
+    spooling = SpoolingTransport(None)
+    async with (
+        httpx2.AsyncClient(transport=spooling, timeout=httpx2.Timeout(30, read=None)) as http,
+        streamable_http_client(url, http_client=http) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        yield session, spooling
+
+
 async def both_ways(scenario: str, tls: ssl.SSLContext | None = None) -> tuple[Any, Any]:
     """The SDK client's outcome of one call and the lean leg's, on the session the SDK opened."""
     upstream = Upstream(scenario)
     async with serving(upstream, tls) as url:
-        spooling = SpoolingTransport(None)
-        async with (
-            httpx2.AsyncClient(transport=spooling, timeout=httpx2.Timeout(30, read=None)) as http,
-            streamable_http_client(url, http_client=http) as (read, write),
-            ClientSession(read, write) as session,
-        ):
-            await session.initialize()
+        async with sdk_session(url) as (session, spooling):
             try:
                 with anyio.fail_after(10):
                     sdk: Any = (await session.call_tool("x", {})).content[0].text  # type: ignore[union-attr]
@@ -231,13 +238,7 @@ async def test_a_sessionless_call_is_made_again_on_the_session_only_when_that_te
     upstream = Upstream(scenario)
     answers, seen, restarts = SESSIONLESS_CASES[scenario]
     async with serving(upstream) as url:
-        spooling = SpoolingTransport(None)
-        async with (
-            httpx2.AsyncClient(transport=spooling, timeout=httpx2.Timeout(30, read=None)) as http,
-            streamable_http_client(url, http_client=http) as (read, write),
-            ClientSession(read, write) as session,
-        ):
-            await session.initialize()
+        async with sdk_session(url) as (session, spooling):
             await session.list_tools()  # the SDK's POST the leg takes its session headers from
             sink, source = anyio.create_memory_object_stream[Any](0)
             lean = HttpRawRequests(url, {}, spooling, lambda: None, {"name": "gw", "version": "1"})
