@@ -76,20 +76,30 @@ class Upstream:
             if self.scenario == "wants_session_sessionless":  # as a server without that era refuses a request
                 error = {"code": -32000, "message": "Bad Request: No valid session ID provided"}
                 return web.json_response({"jsonrpc": "2.0", "id": None, "error": error}, status=400)
+            if self.scenario == "busy_sessionless":  # a proxy in front, say, while the server restarts
+                return web.Response(status=503, text="busy")
             if self.scenario == "wrong_id_sessionless":
                 wrong = {"jsonrpc": "2.0", "id": "not-yours", "result": {"content": [{"type": "text", "text": "?"}]}}
                 return web.json_response(wrong)
             asks = {"resultType": "input_required", "requestState": "s1"}
             return web.json_response({"jsonrpc": "2.0", "id": rid, "result": asks})
+        # the SDK's servers answer a session's requests with an event stream, unless in `json_response` mode
+        events = self.scenario.endswith("_sessionless") and self.scenario != "json_mode_sessionless"
         if method == "initialize":
             result = {
                 "protocolVersion": "2025-11-25",
                 "capabilities": {"tools": {}},
                 "serverInfo": {"name": "u", "version": "1"},
             }
-            return web.json_response({"jsonrpc": "2.0", "id": rid, "result": result}, headers={"mcp-session-id": "S1"})
+            opened = {"jsonrpc": "2.0", "id": rid, "result": result}
+            if events:
+                return await self._events(request, f"data: {json.dumps(opened)}\n\n", session="S1")
+            return web.json_response(opened, headers={"mcp-session-id": "S1"})
         if method != "tools/call":  # the listing the SDK's client asks for before a call
-            return web.json_response({"jsonrpc": "2.0", "id": rid, "result": {"tools": []}})
+            listed = {"jsonrpc": "2.0", "id": rid, "result": {"tools": []}}
+            return (
+                await self._events(request, f"data: {json.dumps(listed)}\n\n") if events else web.json_response(listed)
+            )
         reply = self._reply(rid)
         if self.scenario == "keep_open":  # the reply, then the stream stays open
             response = await self._events(request, f"event: message\ndata: {reply}\n\n", end=False)
@@ -112,6 +122,8 @@ class Upstream:
             "crash_sessionless": f"data: {reply}\n\n",
             "wants_session_sessionless": f"data: {reply}\n\n",
             "wrong_id_sessionless": f"data: {reply}\n\n",
+            "busy_sessionless": f"data: {reply}\n\n",
+            "json_mode_sessionless": f"data: {reply}\n\n",
             "not_json": "data: {not json\n\n",
         }[self.scenario]
         return await self._events(request, text)
@@ -121,8 +133,10 @@ class Upstream:
         return json.dumps({"jsonrpc": "2.0", "id": rid, "result": RESULT})
 
     @staticmethod
-    async def _events(request: web.Request, text: str, end: bool = True) -> web.StreamResponse:
+    async def _events(request: web.Request, text: str, end: bool = True, session: str = "") -> web.StreamResponse:
         response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        if session:
+            response.headers["mcp-session-id"] = session
         await response.prepare(request)
         await response.write(text.encode())
         if end:
@@ -228,6 +242,11 @@ SESSIONLESS_CASES = {  # scenario: (what the two calls answer, what the upstream
     "own_error_sessionless": ([-32600, -32600], ["2026-07-28", "2026-07-28"], 0),
     # a reply to another request is not this call's answer: the session's is
     "wrong_id_sessionless": (["ok", "ok"], ["2026-07-28", "session", "2026-07-28", "session"], 2),
+    # a server failing at the HTTP level is not asked again at once, and it still speaks the era
+    "busy_sessionless": ([-32603, -32603], ["2026-07-28", "2026-07-28"], 0),
+    # a server answering its session with plain JSON (the SDK's json_response mode) would not notice a
+    # cancel of such a request: its calls stay on the session
+    "json_mode_sessionless": (["ok", "ok"], ["session", "session"], 0),
 }
 
 
@@ -247,8 +266,9 @@ async def test_a_sessionless_call_is_made_again_on_the_session_only_when_that_te
             outcomes, clock = [], []
             async with source:
                 with anyio.fail_after(10):
-                    while lean.modern is None:  # its server/discover, answered in the background
-                        await anyio.sleep(0.01)
+                    assert lean._discovering is not None
+                    await lean._discovering  # its server/discover, asked in the background
+                    assert (lean.modern is None) == (scenario == "json_mode_sessionless")
                     for _ in range(2):
                         settled = asyncio.get_running_loop().create_future()
                         params = {"name": "x", "arguments": {}}

@@ -48,6 +48,9 @@ class SpoolingTransport(httpx2.AsyncBaseTransport):
         # cancelled call is dropped by the SDK, so the files its long strings left are released here
         self.awaits: Callable[[Any], bool] | None = None
         self.session_headers: dict[str, str] | None = None  # SESSION_HEADERS of the SDK's latest POST
+        # the server answered a request's POST with plain JSON (the SDK's `json_response` mode, where its
+        # 2026-era requests go unwatched: a closed connection does not cancel them)
+        self.answers_json = False
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         if request.method == "POST" and (
@@ -55,6 +58,8 @@ class SpoolingTransport(httpx2.AsyncBaseTransport):
         ):
             self.session_headers = headers  # the SDK session's: the lean leg sends its calls with them
         response = await self.inner.handle_async_request(request)
+        if request.method == "POST" and response.status_code == 200:
+            self.answers_json |= response.headers.get("content-type", "").lower().startswith("application/json")
         if self.on_bytes is not None:
             self.on_bytes()  # the status line and headers
             response.stream = _Heard(response.stream, self.on_bytes)  # type: ignore[arg-type]

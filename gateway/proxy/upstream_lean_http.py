@@ -25,8 +25,11 @@ session, its clock started again, when the answer tells less than the session's 
 its client something all the same (`input_required`, or the SDK's no-back-channel error), so its
 question becomes the host's `input_required` round as before, and the tool stays on the session; its
 handler failed (that era hides the cause); the request was refused as that era's (a header mismatch, an
-unsupported version, an error not in its name), and the upstream's later calls go to the session too.
-Those tools run twice up to that point, which is why only tools declared read-only or idempotent go.
+unsupported version, a 400/404/405 not in its name), and the upstream's later calls go to the session
+too. Those tools run twice up to that point, which is why only tools declared read-only or idempotent
+go. A server that answers its session with plain JSON (the SDK's `json_response` mode) keeps every call
+on the session: its 2026-era requests are not watched, so a cancel (a closed connection) would not stop
+them.
 
 The interface is `lean.RawRequests`' (the stdio leg): `Upstream.start_lean` uses either.
 """
@@ -66,6 +69,7 @@ DISCOVER_ID = f"{ID_PREFIX}discover"
 REFUSED_SESSIONLESS = frozenset((types.HEADER_MISMATCH, types.UNSUPPORTED_PROTOCOL_VERSION))
 # an HTTP error to a sessionless request that does not answer it by its id (a server that wants a session)
 NOT_THIS_ERA = types.ErrorData(code=types.INVALID_REQUEST, message="refused as a sessionless request")
+HTTP_FAILED = types.ErrorData(code=types.INTERNAL_ERROR, message="Server returned an error response")  # as the SDK
 
 
 class HttpRawRequests:
@@ -200,7 +204,9 @@ class HttpRawRequests:
             ):  # the SDK's answer when the tool asked its client something: no back-channel on such a request
                 self._asking.add(tool)
             elif isinstance(outcome, types.ErrorData) and outcome.code == types.INTERNAL_ERROR:
-                pass  # that era hides what a failing handler raised; the session's answer says it
+                # that era hides what a failing handler raised, the session's answer says it; but a server
+                # that failed at the HTTP level (a 5xx, a 429) is not asked again at once
+                again = outcome is not HTTP_FAILED
             elif isinstance(outcome, dict) and outcome.get("resultType", "complete") != "complete":
                 self._asking.add(tool)  # input_required: it asks
                 spill.discard(outcome)
@@ -286,24 +292,25 @@ class HttpRawRequests:
 
     async def _http_error(self, response: Any, kind: str, rid: str) -> types.ErrorData:
         """A non-2xx answer as the SDK reads it: the JSON-RPC error in the body, else one for the status.
-        To a sessionless request, one that does not answer it by its id is a refusal of the request as
-        such (`NOT_THIS_ERA`: it is made on the session)."""
+        To a sessionless request, a 400, 404 or 405 that does not answer it by its id is a refusal of the
+        request as such (`NOT_THIS_ERA`: it is made on the session); a 5xx or 429 is this call's failure."""
+        refusal = rid in self._retry and response.status in (400, 404, 405)
         if kind.startswith("application/json"):
             try:
                 raw = json.loads(await response.read())
                 if isinstance(raw, dict) and isinstance(raw.get("error"), dict):
-                    if rid in self._retry and raw.get("id") != rid:
+                    if refusal and raw.get("id") != rid:
                         return NOT_THIS_ERA
                     return types.ErrorData.model_validate(raw["error"])
             except ValueError:
                 pass
-        if rid in self._retry:
+        if refusal:
             return NOT_THIS_ERA
         if response.status == 404:
             if "mcp-session-id" not in (self._session or {}):
                 return types.ErrorData(code=types.METHOD_NOT_FOUND, message="Not Found")
             return types.ErrorData(code=types.INVALID_REQUEST, message="Session terminated")
-        return types.ErrorData(code=types.INTERNAL_ERROR, message="Server returned an error response")
+        return HTTP_FAILED
 
     async def _body(self, response: Any) -> Any:
         """A JSON body, spooled to disk as it streams once it is long (its long strings stay there)."""
@@ -425,6 +432,9 @@ class HttpRawRequests:
                 supported = result.get("supportedVersions") if isinstance(result, dict) else None
             except Exception as exc:  # an older server may refuse it any way it likes
                 log.debug("server/discover at %s: %s", self.url, exc)
+                return
+            if self.spooling.answers_json:  # its 2026-era requests could not be cancelled: calls stay on the session
+                log.debug("upstream %s answers with plain JSON: its calls stay on the session", self.url)
                 return
             if isinstance(supported, list) and self.ready:
                 self.modern = next((v for v in reversed(MODERN_PROTOCOL_VERSIONS) if v in supported), None)
