@@ -60,7 +60,8 @@ def is_modern(session: Any) -> bool:
 
 
 def asks_nothing(session: Any) -> bool:
-    """A 2026-era host that declared no sampling, elicitation or roots: no upstream's question can reach it."""
+    """A 2026-era host that declared no sampling, elicitation or roots (its calls of read-only tools may
+    go to an upstream sessionless: `upstream_lean_http`)."""
     caps = getattr(session, "client_capabilities", None)
     return is_modern(session) and caps is not None and caps.sampling is caps.elicitation is caps.roots is None
 

@@ -526,7 +526,6 @@ class Upstream:
             if caps and caps.prompts:
                 tg.start_soon(fill, "prompts", session.list_prompts)
         self.tools, self.resources = lists["tools"], lists["resources"]
-        # tools whose arguments go into `Mcp-Param-*` headers too: their calls stay on the session
         self.sessionless = sessionless_tools(self.tools, tool_pages)
         self.templates, self.prompts = lists["resource_templates"], lists["prompts"]
 

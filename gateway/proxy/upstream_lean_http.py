@@ -19,10 +19,10 @@ A call of a 2026-era host that declared no sampling, elicitation or roots, to a 
 read-only or idempotent, goes to an upstream that speaks that era too (its `server/discover`, asked once
 per connection, lists it) as that era's sessionless request: its envelope, its routing headers, no
 session (`Upstream.start_lean` picks the calls: `upstream.sessionless_tools`). The upstream then answers
-it as it would answer that host directly (plain JSON, no event stream kept per call: 10-40 % less of
-its CPU for a small call in the SDK's server, measured); the host asked for no logs. The call is made again on the
-session, its clock started again, when the answer tells less than the session's would: the tool asked
-its client something all the same (`input_required`, or the SDK's no-back-channel error), so its
+it as it would answer that host directly (plain JSON, no event stream kept per call: 10-40 % less of its
+CPU for a small call in the SDK's server, measured); the host asked for no logs. The call is made again
+on the session, its clock started again, when the answer tells less than the session's would: the tool
+asked its client something all the same (`input_required`, or the SDK's no-back-channel error), so its
 question becomes the host's `input_required` round as before, and the tool stays on the session; its
 handler failed (that era hides the cause); the request was refused as that era's (a header mismatch, an
 unsupported version, a 400/404/405 not in its name), and the upstream's later calls go to the session
@@ -270,8 +270,8 @@ class HttpRawRequests:
         self._settle(rid, types.ErrorData(code=types.INVALID_REQUEST, message="too many redirects"))
 
     async def _answer(self, response: Any, kind: str, rid: str) -> Any:
-        """A reply that is not an event stream, as the SDK reads it; a reply to another request id is
-        the SDK session's (a server's mistake): this call is told so instead of waiting for its clock."""
+        """A reply that is not an event stream, as the SDK reads it; one naming another request's id (a
+        server's mistake) is not this call's answer: it is told so at once, not left to its clock."""
         if 300 <= response.status < 400:  # a redirect the SDK would not follow either
             where = _shown(response.headers.get("location", ""), self.url)
             return types.ErrorData(code=types.INVALID_REQUEST, message=f"Redirect to {where} not followed")
@@ -411,10 +411,11 @@ class HttpRawRequests:
                 log.debug("the cancel to %s was not delivered: %s", self.url, exc)
 
     async def _discover(self) -> None:
-        """Whether the upstream speaks the 2026 era too (`server/discover` lists it): then a call that
-        asks nothing of its host may go to it sessionless (`start`). Asked once per connection; no
-        answer, an error or another era leaves every call on the session."""
-        if not self.ready:
+        """Whether the upstream speaks the 2026 era too (`server/discover` lists it): then a bare 2026-era
+        host's call of a read-only tool may go to it sessionless (`start`). Asked once per connection; no
+        answer, an error or another era leaves every call on the session, as does a server answering its
+        session with plain JSON (its 2026-era requests are not watched: a cancel would not stop one)."""
+        if not self.ready or self.spooling.answers_json:
             return
         version = MODERN_PROTOCOL_VERSIONS[-1]
         params = {"_meta": self._envelope(version)}
@@ -432,9 +433,6 @@ class HttpRawRequests:
                 supported = result.get("supportedVersions") if isinstance(result, dict) else None
             except Exception as exc:  # an older server may refuse it any way it likes
                 log.debug("server/discover at %s: %s", self.url, exc)
-                return
-            if self.spooling.answers_json:  # its 2026-era requests could not be cancelled: calls stay on the session
-                log.debug("upstream %s answers with plain JSON: its calls stay on the session", self.url)
                 return
             if isinstance(supported, list) and self.ready:
                 self.modern = next((v for v in reversed(MODERN_PROTOCOL_VERSIONS) if v in supported), None)
