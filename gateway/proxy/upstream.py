@@ -162,7 +162,9 @@ class Upstream:
         self.instructions: str | None = None
         self.tools: list[types.Tool] = []
         self.sessionless: frozenset[str] = frozenset()  # tools whose calls may go as 2026-era requests
-        self.asking: set[str] = set()  # tools that asked their client when called so: kept on the session
+        # tools that asked their client when called so: kept on the session (the HTTP leg's, per connection,
+        # fills and reads it; held here so that it outlives the connection)
+        self.asking: set[str] = set()
         self.resources: list[types.Resource] = []
         self.templates: list[types.ResourceTemplate] = []
         self.prompts: list[types.Prompt] = []
@@ -648,7 +650,7 @@ class Upstream:
         flight = _InFlight(host[0], host[1], clock, timeout, exchange, namespace)
         try:
             if isinstance(self.raw, HttpRawRequests):
-                sessionless = tool in self.sessionless and tool not in self.asking and asks_nothing(host[0])
+                sessionless = tool in self.sessionless and asks_nothing(host[0])
                 rid = self.raw.start("tools/call", params, settle, progressed, sessionless)
             else:
                 rid = self.raw.start("tools/call", params, settle, progressed)
