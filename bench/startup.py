@@ -9,11 +9,13 @@ Both sides in one run, rounds interleaved (a slow moment of the machine hits bot
 The servers: the npm filesystem and everything servers and `mcp-server-time` (PyPI, in the test extras).
 The npm ones are installed as the tests install them (`.ci/npm`, `tests/npm_servers.py`; needs npm).
 
-    python bench/startup.py [--runs 7] [--source DIR] [--before DIR] [--demo]
+    python bench/startup.py [--runs 7] [--source DIR] [--before DIR] [--floor] [--demo]
 
 `--source` runs the gateway from another checkout; `--before DIR` adds a row for the gateway from another
-checkout in the same rounds (two versions compared in one run); `--demo` fronts only the demo upstream
-instead (no npm needed).
+checkout in the same rounds (two versions compared in one run); `--floor` adds two rows for a process that
+only relays the servers' `initialize` and `tools/list` as raw JSON (`bench/startup_floor.py`), once having
+read the settings as `serve` does and once having read only the TOML: what any process between the host
+and the servers costs at least; `--demo` fronts only the demo upstream instead (no npm needed).
 """
 
 from __future__ import annotations
@@ -96,6 +98,13 @@ async def gateway_side(config: Path, log: Path, source: str | None) -> tuple[flo
     return await list_all(sys.executable, ["-m", "gateway", "--config", str(config)], log, env, source, t)
 
 
+async def floor_side(config: Path, log: Path, read_settings: bool) -> tuple[float, int]:
+    t = time.perf_counter()
+    argv = [str(Path(__file__).resolve().parent / "startup_floor.py"), "--config", str(config)]
+    env = {"PYTHONPATH": str(ROOT)}
+    return await list_all(sys.executable, argv + (["--settings"] if read_settings else []), log, env, None, t)
+
+
 async def main(args: argparse.Namespace) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="ctx-bench-startup-"))
     fleet = servers(tmp, args.demo)
@@ -104,24 +113,27 @@ async def main(args: argparse.Namespace) -> None:
     await gateway_side(config, tmp / "warm.log", args.source)
     if args.before:
         await gateway_side(config, tmp / "warm.log", args.before)
-    times: dict[str, list[float]] = {"host": [], "gateway": [], "before": []}
+    sides = ["host", "gateway"] + (["before"] if args.before else []) + (["settings", "bare"] if args.floor else [])
+    times: dict[str, list[float]] = {side: [] for side in ("host", "gateway", "before", "settings", "bare")}
     tools: dict[str, int] = {}
     for _ in range(args.runs):
-        for side in ("host", "gateway", "before"):
+        for side in sides:
             if side == "host":
                 seconds, tools[side] = await host_side(fleet, tmp / "d.log")
-            elif side == "gateway" or args.before:
+            elif side in ("settings", "bare"):
+                seconds, tools[side] = await floor_side(config, tmp / "f.log", side == "settings")
+            else:
                 seconds, tools[side] = await gateway_side(
                     config, tmp / "g.log", args.source if side == "gateway" else args.before
                 )
-            else:
-                continue
             times[side].append(seconds)
     host = statistics.median(times["host"])
     labels = {
         "host": f"host starts {' + '.join(fleet)}",
         "gateway": "gateway in front of them",
         "before": f"gateway from {args.before}",
+        "settings": "floor: raw relay, settings read",
+        "bare": "floor: raw relay, TOML read",
     }
     rows = [["first tools/list", "runs", "median s", "min s", "max s", "tools", "/ host"]]
     for side, label in labels.items():
@@ -147,5 +159,6 @@ if __name__ == "__main__":
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--source", help="a checkout to run the gateway from")
     parser.add_argument("--before", help="another checkout, measured in the same rounds")
+    parser.add_argument("--floor", action="store_true", help="add the raw relays (bench/startup_floor.py)")
     parser.add_argument("--demo", action="store_true", help="only the demo upstream (no npm needed)")
     anyio.run(main, parser.parse_args())
