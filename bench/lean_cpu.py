@@ -3,7 +3,7 @@ host's `tools/call` is handed to the lean path as decoded JSON and the upstream'
 at once, so what is timed is only the gateway's work (routing, the plugin pipeline, the usage figures,
 reading and writing the result, the event loop). `--profile` prints where it goes.
 
-    python bench/lean_cpu.py [--calls 5000] [--profile]   # SORT=tottime TOP=60 to order and cut the profile
+    python bench/lean_cpu.py [--calls 5000] [--era 2025|2026] [--profile]   # SORT=tottime TOP=60: order, cut
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class Host:
     async def send_prompt_list_changed(self) -> None: ...
 
 
-async def main(n: int, profile: bool, plugins: list[str]) -> None:
+async def main(n: int, profile: bool, plugins: list[str], era: str) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="ctx-bench-"))
     gateway = Gateway(load_settings(write_config(tmp / "c.toml", tmp / "ws", plugins), environ={}))
     async with gateway.running():
@@ -59,14 +59,19 @@ async def main(n: int, profile: bool, plugins: list[str]) -> None:
             raise AssertionError("the lean path waited on a pipe that was not behind")
 
         upstream.raw.attach(never, answer_at_once)
-        gateway.hosts.put("", "stdio", Host())
+        host = Host()
+        host.protocol_version = "2026-07-28" if era == "2026" else "2025-11-25"
+        gateway.hosts.put("", "stdio", host)
         answered = asyncio.Event()
 
         def to_host(data: bytes) -> bool:
             answered.set()
             return True
 
-        take = gateway.lean.intercept(never, to_host)
+        async def to_host_waiting(data: bytes) -> None:  # a task's answer goes through the sink that may wait
+            answered.set()
+
+        take = gateway.lean.intercept(to_host_waiting, to_host)
 
         async def one(i: int) -> None:
             answered.clear()
@@ -89,13 +94,16 @@ async def main(n: int, profile: bool, plugins: list[str]) -> None:
             pstats.Stats(profiler).sort_stats(os.environ.get("SORT", "cumtime")).print_stats(
                 int(os.environ.get("TOP", "40"))
             )
-    print(f"plugins {', '.join(plugins) or 'none'}: {per_call:.0f} us of the gateway's own time per call ({n} calls)")
+    print(
+        f"era {era}, plugins {', '.join(plugins) or 'none'}: {per_call:.0f} us of the gateway's own time per call ({n} calls)"
+    )
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=5000)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--era", choices=["2025", "2026"], default="2025", help="the host's protocol era")
     args = parser.parse_args()
     for chosen in ([], ["offload", "memory", "documents", "monitor"]):
-        anyio.run(main, args.calls, args.profile, chosen)
+        anyio.run(main, args.calls, args.profile, chosen, args.era)

@@ -3,7 +3,9 @@ path), through a byte relay (the floor of any stdio proxy: one more process hop,
 through the fastmcp proxy, all over stdio and all in one run.
 
 python bench/proxy_overhead.py [--calls 1000] [--rounds 10] [--server demo|time|everything] [--era 2025|2026]
-                               [--fastmcp-python PATH]
+                               [--fastmcp-python PATH] [--before DIR]
+
+`--before DIR` adds the gateway (default plugins) run from another checkout, in the same rounds.
 
 Every path is started first and the calls are interleaved in rounds (each round: `calls / rounds`
 calls on every path in turn), so a machine that gets busier or quieter during the run shifts all
@@ -80,7 +82,7 @@ async def host(argv: list[str], errlog: Path, era: str) -> AsyncIterator[Call]:
         yield client.call_tool  # (its stderr: this process's)
 
 
-async def main(n: int, rounds: int, fastmcp: str | None, server: str, era: str) -> None:
+async def main(n: int, rounds: int, fastmcp: str | None, server: str, era: str, before: str | None) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="ctx-bench-"))
     command, tool, arguments = upstream(server)
     paths: list[tuple[str, list[str], str]] = [("direct (no gateway)", command, tool)]  # label, argv, tool
@@ -98,6 +100,18 @@ async def main(n: int, rounds: int, fastmcp: str | None, server: str, era: str) 
             args=command[1:],
         )
         paths.append((label, [sys.executable, "-m", "gateway", "--config", str(cfg)], f"demo__{tool}"))
+        if before and lean and plugins:  # the same settings, the other checkout's code (first on its path)
+            cfg = write_config(
+                tmp / "before.toml",
+                tmp / "ws-before",
+                plugins,
+                gateway={"lean_path": lean},
+                command=command[0],
+                args=command[1:],
+            )
+            run = f"import sys; sys.path.insert(0, {before!r}); from gateway.launch import main; sys.exit(main())"
+            argv = [sys.executable, "-c", run, "--config", str(cfg)]
+            paths.append((f"gateway from {Path(before).name}, default plugins", argv, f"demo__{tool}"))
     paths.append(("byte relay (floor of any proxy)", [sys.executable, str(BENCH / "byte_relay.py"), *command], tool))
     skipped = ""
     try:
@@ -141,5 +155,6 @@ if __name__ == "__main__":
     parser.add_argument("--fastmcp-python", help="a Python with fastmcp installed (default: a bench-only venv)")
     parser.add_argument("--server", choices=["demo", "time", "everything"], default="demo", help="the upstream")
     parser.add_argument("--era", choices=["2025", "2026"], default="2025", help="the host's protocol era")
+    parser.add_argument("--before", help="another checkout, measured in the same rounds")
     args = parser.parse_args()
-    anyio.run(main, args.calls, args.rounds, args.fastmcp_python, args.server, args.era)
+    anyio.run(main, args.calls, args.rounds, args.fastmcp_python, args.server, args.era, args.before)

@@ -371,6 +371,31 @@ async def test_a_2026_hosts_call_that_asks_answers_input_required_on_both_paths(
     assert ids["result"]["content"][0]["text"].startswith("str:gw-" if lean else "int:")
 
 
+async def test_a_2026_hosts_open_questions_past_the_quota_close_its_oldest_round(tmp_path: Path) -> None:
+    """The lean path runs a 2026-era host's call without a task; its rounds still count against the
+    quota: the 65th open question closes the first round (its upstream call is cancelled), whose retry
+    answers an error naming the quota, while the last round completes with its answer."""
+    async with raw_host(tmp_path, {"p": probe("p", env=WIRE)}, handshake=False) as host:
+        await host.request("tools/list", {"_meta": ENVELOPE})
+        with anyio.fail_after(60):
+            rounds = [(await host.call("p__ask", {}, _meta=ENVELOPE))["result"] for _ in range(65)]
+        assert all(r["resultType"] == "input_required" for r in rounds)
+
+        async def retry(result: dict) -> dict:
+            ((key, _),) = result["inputRequests"].items()
+            answer = {key: {"action": "accept", "content": {"name": "Ada"}}}
+            done = await host.call(
+                "p__ask", {}, _meta=ENVELOPE, inputResponses=answer, requestState=result["requestState"]
+            )
+            return done["result"]
+
+        first, last = await retry(rounds[0]), await retry(rounds[-1])
+        ids = await host.call("p__request_id", {}, _meta=ENVELOPE)
+    assert first["isError"] and "64 questions" in first["content"][0]["text"], first
+    assert last["content"][0]["text"] == "accept:Ada" and last["resultType"] == "complete"
+    assert ids["result"]["content"][0]["text"].startswith("str:gw-")  # the lean path took the calls
+
+
 @pytest.mark.parametrize("lean", [True, False])
 async def test_a_2026_hosts_call_is_cancelled_at_the_upstream(tmp_path: Path, lean: bool) -> None:
     marker = tmp_path / "cancel.txt"

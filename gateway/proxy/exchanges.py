@@ -8,6 +8,10 @@ background, its question becomes the `input_required` answer to the host's call,
 (matched by `requestState`) carries the answer back to the waiting upstream, and the upstream's
 final result (or its next question) answers the retry.
 
+A call on the stdio lean path runs without a task of its own (`Gateway._start_lean_modern`): its
+exchange then has a `handover`, which puts the first question to the host as the answer to its call
+(the call waits for its retry from then on, as every other), and a `stop` for the quota to end it.
+
 Every such call has an exchange, but only a round with a question out counts against the quotas
 (`MAX_PER_NAMESPACE` per token, `MAX_EXCHANGES` in all): over one, the oldest open round of the
 caller (or, over the quota of all, of the caller holding the most) is closed, and its call answers
@@ -25,6 +29,7 @@ import asyncio
 import secrets
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -64,6 +69,10 @@ class Exchange:
         self.call: Any = None  # the host's call (the pipeline runs on it when the result comes)
         self.scope = anyio.CancelScope()  # the upstream call running in the background
         self.busy = False  # a host request is waiting for this exchange's next outcome
+        # a call without a task of its own (the lean path): the first question goes to the host through this
+        # (False: the host's call is gone, nobody to ask), and `stop` ends the upstream call
+        self.handover: Callable[[Outcome], bool] | None = None
+        self.stop: Callable[[], None] | None = None
 
     @property
     def waiting(self) -> bool:
@@ -80,7 +89,12 @@ class Exchange:
             self._rounds.opened(self)
         self._asked[key] = (request.method, answered)
         try:
-            await self._outcomes.put(types.InputRequiredResult(input_requests={key: request}, request_state=self.token))
+            outcome = types.InputRequiredResult(input_requests={key: request}, request_state=self.token)
+            handover, self.handover = self.handover, None
+            if handover is None:
+                await self._outcomes.put(outcome)
+            elif not handover(outcome):
+                return None
             with anyio.move_on_after(ANSWER_WAIT):
                 await answered.wait()
         finally:
@@ -173,3 +187,5 @@ class Exchanges:
         self.rounds.pop(exchange.token, None)
         exchange.evicted = f"This call was ended before its answer came: {why}. Call the tool again."
         exchange.scope.cancel()
+        if exchange.stop is not None:
+            exchange.stop()

@@ -306,7 +306,7 @@ def build_http_app(gateway: Gateway) -> tuple[Any, StreamableHTTPSessionManager]
         lean = gateway.lean
         schema = gateway.server.get_tool_input_schema
         endpoint = LeanHttpFront(
-            endpoint, manager, security, gateway.host_of, lean.run, lean.run_modern, schema, lean.server_info
+            endpoint, manager, security, gateway.host_of, lean.run, gateway.run_modern_lean, schema, lean.server_info
         )
     endpoint = SessionShares(endpoint, manager, cfg.max_sessions_per_token)
     tokens = {t.token: t.name for t in gateway.settings.auth.all_tokens()}

@@ -286,6 +286,8 @@ Modern = Callable[[ToolCall], Awaitable[types.CallToolResult | types.InputRequir
 Stamp = Callable[[], dict[str, Any]] | None  # the gateway's `serverInfo`, as 2026-era results carry it
 Done = Callable[[types.CallToolResult], None]
 Start = Callable[[ToolCall, Done], Callable[[], None] | None]
+Asked = Callable[[types.InputRequiredResult], bool]  # an upstream's first question, as the host's answer
+StartModern = Callable[[ToolCall, Done, Asked], Callable[[], None] | None]
 Record = Callable[[ToolCall, types.CallToolResult, types.CallToolResult], None]  # the usage figures of a call
 Finish = Callable[[ToolCall, types.CallToolResult], types.CallToolResult | Coroutine[Any, Any, types.CallToolResult]]
 
@@ -324,11 +326,19 @@ class LeanFront:
     """
 
     def __init__(
-        self, host: Callable[[], Any], run: Run, start: Start, finish: Finish, record: Record, run_modern: Modern
+        self,
+        host: Callable[[], Any],
+        run: Run,
+        start: Start,
+        finish: Finish,
+        record: Record,
+        run_modern: Modern,
+        start_modern: StartModern,
     ):
         self.host = host
         self.run = run
         self.run_modern = run_modern
+        self.start_modern = start_modern
         self.server_info: Stamp = None  # set once the SDK's server exists
         self.start = start
         self.finish = finish
@@ -365,12 +375,7 @@ class LeanFront:
                 session, rid = self.host(), raw["id"]
                 if session is None or rid in self._flights:
                     return False
-                call = self._call(params, session)
-                if is_modern(session):  # an upstream's question becomes the answer: the exchange's way, in a task
-                    work = self._reply(rid, call.name, session, send, self.run_modern(call))
-                    self._flights[rid] = spawn(self._tasks, work).cancel
-                    return True
-                self._begin(rid, call, session, send, write)
+                self._begin(rid, self._call(params, session), session, send, write)
                 return True
             if method == "notifications/cancelled" and self._flights:
                 params = raw.get("params")
@@ -402,19 +407,46 @@ class LeanFront:
         )
 
     def _begin(self, rid: str | int, call: ToolCall, session: Any, send: Send, write: Write) -> None:
+        """Route the call and write it to its upstream now; the task's path when that cannot be done
+        without waiting. A 2026-era host's call opens its exchange too (an upstream's question becomes
+        its `input_required` answer), with no task unless the upstream asks."""
+        modern = is_modern(session)
+
+        def done(result: types.CallToolResult) -> None:
+            self._answer(rid, call, session, send, write, result)
+
+        def asked(question: types.InputRequiredResult) -> bool:
+            if self._flights.pop(rid, None) is None:
+                return False  # cancelled meanwhile: nobody to ask
+            self._write(send, write, line(_message(rid, session, question, self.server_info)), rid)
+            return True
+
         try:
-            cancel = self.start(call, lambda result: self._answer(rid, call, session, send, write, result))
+            cancel = self.start_modern(call, done, asked) if modern else self.start(call, done)
         except RecursionError:  # arguments too deep to encode: the task's path answers it in one line
             cancel = None
         except Exception:  # the task's path answers it (and logs what failed there)
             log.exception("starting tools/call %s on the lean path failed", call.name)
             cancel = None
         if cancel is None:
-            self._flights[rid] = spawn(self._tasks, self._serve(rid, call, session, send)).cancel
+            work = (
+                self._reply(rid, call.name, session, send, self.run_modern(call))
+                if modern
+                else self._serve(rid, call, session, send)
+            )
+            self._flights[rid] = spawn(self._tasks, work).cancel
             asyncio.get_running_loop().call_soon(call.argument_tokens)  # once the task waits for the upstream
             return
         self._flights[rid] = cancel
         call.argument_tokens()  # the request is written: the upstream works meanwhile
+
+    def _write(self, send: Send, write: Write, data: bytes, rid: str | int) -> None:
+        """An answer from a read callback: written now, or by a task when the host is behind."""
+        try:
+            if not write(data):
+                spawn(self._tasks, _deliver(send, data, f"the answer to {rid!r}"))  # the host is behind
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            log.debug("dropped the answer to %r: the host is gone", rid)
 
     def _answer(self, rid: str | int, call: ToolCall, session: Any, send: Send, write: Write, result: Any) -> None:
         """The upstream's result, in the read callback that brought it: through the plugins and back
@@ -427,15 +459,11 @@ class LeanFront:
             if not isinstance(reply, types.CallToolResult):  # the rest of the plugins, awaited
                 self._flights[rid] = spawn(self._tasks, self._reply(rid, call.name, session, send, reply)).cancel
                 return
-            data = line(_message(rid, session, reply))
+            data = line(_message(rid, session, reply, self.server_info))
         except Exception as exc:  # a bug: answered as the SDK answers a handler that raised
             reply = None
             data = line(_failed(rid, call.name, exc))
-        try:
-            if not write(data):
-                spawn(self._tasks, _deliver(send, data, f"the answer to {rid!r}"))  # the host is behind
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-            log.debug("dropped the answer to %r: the host is gone", rid)
+        self._write(send, write, data, rid)
         if isinstance(reply, types.CallToolResult):  # answered: the host reads it meanwhile
             self.record(call, result, reply)
 

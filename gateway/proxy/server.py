@@ -180,8 +180,17 @@ class Gateway:
             self._finish_now,
             self._record_call,
             self._run_modern_call,
+            self._start_lean_modern,
         )
-        self.lean.server_info = lambda: self.server.server_info_stamp
+        self.lean.server_info = self._server_info_stamp
+        self._stamp: dict[str, Any] | None = None
+
+    def _server_info_stamp(self) -> dict[str, Any]:
+        """The gateway's `serverInfo` as a 2026-era result carries it, made once: the SDK's property copies it
+        for every result, and the lean path only writes it out."""
+        if self._stamp is None:
+            self._stamp = self.server.server_info_stamp
+        return self._stamp
 
     def _new_upstream(self, name: str, cfg: ServerConfig, started: Started | None = None) -> Upstream:
         return Upstream(
@@ -518,6 +527,32 @@ class Gateway:
         spawn(self._exchange_tasks, self._run_exchange(exchange, call))
         return await self._next(exchange, call)
 
+    async def run_modern_lean(self, call: ToolCall) -> Any:
+        """`_run_modern_call` for a lean caller that waits (the HTTP front): no task runs the upstream call
+        (`_start_lean_modern`); its result, or its first question, is awaited here."""
+        outcome: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+        def settle(value: Any) -> bool:
+            if outcome.done():  # given up meanwhile: nobody to ask
+                return False
+            outcome.set_result(value)
+            return True
+
+        try:
+            stop = self._start_lean_modern(call, settle, settle)
+        except Exception:  # the task's path answers it (and says what failed)
+            stop = None
+        if stop is None:
+            return await self._run_modern_call(call)
+        try:
+            result = await outcome
+        except BaseException:  # the host gave up (before any answer reached it): the upstream call stops too
+            stop()
+            raise
+        if isinstance(result, types.InputRequiredResult):
+            return result
+        return await self._finish(call, result)
+
     async def _run_call(self, call: ToolCall) -> types.CallToolResult:
         """A call of a handshake-era host, start to end (the SDK's path and the lean one)."""
         return await self._finish(call, await self._guarded_call(call))
@@ -624,7 +659,53 @@ class Gateway:
             return None
         call.server, call.tool = route.server, route.name
         host = (call.host_session, call.request_id)
-        return upstream.start_lean(route.name, call.arguments, call.meta, done, host, namespace=call.namespace)
+        return upstream.start_lean(
+            route.name, call.arguments, call.meta, done, host, exchange=call.exchange, namespace=call.namespace
+        )
+
+    def _start_lean_modern(
+        self,
+        call: ToolCall,
+        done: Callable[[types.CallToolResult], Any],
+        asked: Callable[[types.InputRequiredResult], bool],
+    ) -> Callable[[], None] | None:
+        """`_start_lean` for a 2026-era host: its exchange is opened as `_run_modern_call` opens it, but
+        no task waits on it. The result goes to `done` as a 2025-era call's does, unless the upstream
+        asked first: its first question goes to `asked` (the host's answer, `input_required`) and from
+        then on the call is an exchange like any other (the result waits for the host's retry)."""
+        exchange = self.exchanges.new(call.namespace)
+        exchange.call, call.exchange = call, exchange
+
+        def finished(result: types.CallToolResult) -> None:
+            if exchange.handover is None:  # a question answered the host's call: the retry takes the result
+                spawn(self._exchange_tasks, exchange.finish(result))
+                return
+            exchange.handover = None
+            self.exchanges.close(exchange)
+            done(result)
+
+        exchange.handover = asked
+        cancel = None
+        try:
+            cancel = self._start_lean(call, finished)
+        finally:
+            if cancel is None:  # not started (or it raised): the task's path makes the call, and its exchange
+                self.exchanges.close(exchange)
+                exchange.handover, call.exchange = None, None
+        if cancel is None:
+            return None
+        upstream_cancel = cancel
+
+        def evicted() -> None:  # the quota closed its round: the upstream call stops, the retry hears why
+            upstream_cancel()
+            spawn(self._exchange_tasks, exchange.finish(error_result(exchange.evicted or "")))
+
+        def stop() -> None:  # the host cancelled its call (or left)
+            upstream_cancel()
+            self.exchanges.close(exchange)
+
+        exchange.stop = evicted
+        return stop
 
     async def call(self, call: ToolCall) -> types.CallToolResult:
         """Run a tool by its host-facing name (own tool or upstream); fills in `call.server`/`call.tool`."""

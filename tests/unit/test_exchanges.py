@@ -86,3 +86,49 @@ async def test_at_the_quota_of_all_the_biggest_holder_pays(monkeypatch: pytest.M
     carol = registry.new("carol")
     registry.opened(carol)
     assert alices[0].evicted and not bobs.evicted and not carol.evicted
+
+
+async def test_a_call_without_a_task_hands_its_first_question_over() -> None:
+    """The lean path's exchange (no task waits on it): the first question goes to `handover` (the host's
+    call answers it), later ones wait in the exchange for the retry as always; a handover that finds
+    the host's call gone declines the question at once and opens no round; the quota's eviction ends
+    such a call through `stop`."""
+    registry = Exchanges()
+    ex = registry.new("")
+    handed: list[object] = []
+
+    def hand(question: object) -> bool:
+        handed.append(question)
+        return True
+
+    ex.handover = hand
+    roots = types.ListRootsResult(roots=[])
+    async with anyio.create_task_group() as tg:
+
+        async def ask_twice() -> None:
+            assert await ex.ask(types.ListRootsRequest()) == roots
+            assert await ex.ask(types.ListRootsRequest()) == roots
+
+        tg.start_soon(ask_twice)
+        await anyio.wait_all_tasks_blocked()
+        ((first,),) = [handed]
+        assert isinstance(first, types.InputRequiredResult) and ex.handover is None and ex.token in registry.rounds
+        assert ex.answer({"q1": {"roots": []}}) is None
+        second = await ex.next_outcome()  # not handed over: it waits for the host's retry
+        assert isinstance(second, types.InputRequiredResult) and list(second.input_requests) == ["q2"]
+        assert ex.answer({"q2": {"roots": []}}) is None
+    assert len(handed) == 1
+
+    gone = registry.new("")
+    gone.handover = lambda question: False  # the host cancelled its call meanwhile
+    with anyio.fail_after(5):
+        assert await gone.ask(types.ListRootsRequest()) is None
+    assert not gone.waiting and gone.token not in registry.rounds
+
+    stopped: list[str] = []
+    lean = registry.new("alice")
+    lean.stop = lambda: stopped.append(lean.evicted or "")
+    registry.opened(lean)
+    for _ in range(exchanges.MAX_PER_NAMESPACE):
+        registry.opened(registry.new("alice"))
+    assert len(stopped) == 1 and "64 questions" in stopped[0]

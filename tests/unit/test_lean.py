@@ -37,7 +37,7 @@ def test_only_plain_calls_are_taken() -> None:
 def test_a_call_without_an_id_is_left_to_the_sdk() -> None:
     """A `tools/call` sent as a notification (no id) is not taken, and taking it does not raise (the
     host's reader would stop)."""
-    take = LeanFront(lambda: object(), None, None, None, None, None).intercept(None, None)  # type: ignore[arg-type]
+    take = LeanFront(lambda: object(), None, None, None, None, None, None).intercept(None, None)  # type: ignore[arg-type]
     assert take({"jsonrpc": "2.0", "method": "tools/call", "params": {"name": "a__b"}}) is False
     assert take({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": "x"}) is False
 
@@ -254,7 +254,11 @@ def _front(finish: Any, start_now: bool = True) -> tuple[LeanFront, dict[str, An
     def record(call: Any, result: types.CallToolResult, reply: types.CallToolResult) -> None:
         seen["recorded"].append(call.arguments["n"])
 
-    return LeanFront(lambda: _Host(), run, start, finish, record, run), seen
+    def start_modern(call: Any, done: Any, asked: Any) -> Any:
+        seen["asked"] = asked
+        return start(call, done)
+
+    return LeanFront(lambda: _Host(), run, start, finish, record, run, start_modern), seen
 
 
 def _request(rid: int) -> dict[str, Any]:

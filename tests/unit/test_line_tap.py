@@ -83,7 +83,7 @@ def test_lines_not_worth_a_look_are_not_decoded() -> None:
 def test_the_lean_paths_byte_checks() -> None:
     from gateway.proxy.lean import LeanFront, RawRequests
 
-    front = LeanFront(lambda: None, None, None, None, None, None)  # type: ignore[arg-type]
+    front = LeanFront(lambda: None, None, None, None, None, None, None)  # type: ignore[arg-type]
     assert front.worth(b'{"method": "tools/call", "id": 3}\n')
     assert not front.worth(b'{"method":"tools/list","id":3}\n')
     assert not front.worth(b'{"method":"notifications/cancelled","params":{"requestId":3}}\n')  # no calls run
