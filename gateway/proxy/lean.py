@@ -16,8 +16,9 @@ for progress or (2026 era) a log level of its own, params with fields beyond `na
 older HTTP+SSE transport. A Streamable HTTP upstream gets the call POSTed beside its session
 (`upstream_lean_http.py`, this module's `RawRequests` interface). The HTTP front has a lean path of its
 own (`lean_http.py`) that ends in the same `Gateway.call`. A
-2026-era host's call runs in a task (`run_modern`): an upstream's question becomes its
-`input_required` answer, as on the SDK's path. Cancellation is kept both ways:
+2026-era host's call opens its exchange (`Gateway._start_lean_modern`) and otherwise runs as any
+other, in the read callbacks: an upstream's question becomes its `input_required` answer, as on the
+SDK's path, and only then does the call wait for the host's retry. Cancellation is kept both ways:
 the host's `notifications/cancelled` stops the call (no answer is sent, as the SDK does) and the
 upstream hears a cancel for its request, as it does for a timeout.
 """
@@ -313,7 +314,8 @@ class LeanFront:
     """`tools/call` from a stdio host, taken off the line before the SDK's server parses it.
 
     `host` gives the host's SDK session once it is initialized and has spoken to the gateway (its
-    `tools/list` comes before any call); until then, and for a 2026-era host, nothing is taken.
+    `tools/list` comes before any call; a 2026-era host's session once it has sent a request); until
+    then nothing is taken.
 
     The common call never waits in a task: inside the read callback that brought the host's line,
     `start` routes it and writes it to its upstream; inside the one that brings the upstream's reply,
