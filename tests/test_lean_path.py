@@ -397,6 +397,65 @@ async def test_a_2026_hosts_open_questions_past_the_quota_close_its_oldest_round
 
 
 @pytest.mark.parametrize("lean", [True, False])
+async def test_a_2026_hosts_retry_given_up_stops_the_upstream_call(tmp_path: Path, lean: bool) -> None:
+    """The host answers the question, then cancels its retry while the tool works on: the upstream hears
+    the cancel (on the lean path the call has no task whose cancel would tell it)."""
+    marker = tmp_path / "cancel.txt"
+    servers = {"p": probe("p", env=WIRE | {"PROBE_CANCEL_MARKER": str(marker)})}
+    async with raw_host(tmp_path, servers, handshake=False, lean_path=lean) as host:
+        await host.request("tools/list", {"_meta": ENVELOPE})
+        asked = (await host.call("p__ask", {"then_sleep": 60}, _meta=ENVELOPE))["result"]
+        ((key, _),) = asked["inputRequests"].items()
+        params = {
+            "name": "p__ask",
+            "arguments": {"then_sleep": 60},
+            "_meta": ENVELOPE,
+            "inputResponses": {key: {"action": "accept", "content": {"name": "Ada"}}},
+            "requestState": asked["requestState"],
+        }
+        await host.send({"jsonrpc": "2.0", "id": 20, "method": "tools/call", "params": params})
+        await eventually(
+            lambda: marker.exists() and marker.read_text() == "started", 20, "the answer to reach the tool"
+        )
+        await host.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 20}})
+        await eventually(lambda: marker.read_text() == "cancelled", 20, "the upstream to hear the cancel")
+        assert host.answer_to(20) is None
+
+
+async def test_two_questions_out_at_once_keep_a_2026_hosts_call_clock_stopped(tmp_path: Path) -> None:
+    """A tool asks two questions at once; the host answers the first at once and takes longer than the
+    call's timeout over the second: the clock starts again only once both are answered."""
+    async with raw_host(tmp_path, {"p": probe("p", env=WIRE, timeout_seconds=0.6)}, handshake=False) as host:
+        await host.request("tools/list", {"_meta": ENVELOPE})
+
+        async def retry(result: dict) -> dict:
+            ((key, _),) = result["inputRequests"].items()
+            answer = {key: {"action": "accept", "content": {"name": key}}}
+            return await host.call(
+                "p__ask", {"twice": True}, _meta=ENVELOPE, inputResponses=answer, requestState=result["requestState"]
+            )
+
+        first = (await host.call("p__ask", {"twice": True}, _meta=ENVELOPE))["result"]
+        second = (await retry(first))["result"]
+        assert second["resultType"] == "input_required", second
+        await anyio.sleep(1.2)  # the user: twice the call's timeout over the second question
+        done = (await retry(second))["result"]
+    assert not done.get("isError") and done["content"][0]["text"].count("accept:") == 2, done
+
+
+async def test_a_question_that_cannot_be_written_to_a_2026_host_ends_its_call(tmp_path: Path) -> None:
+    """An upstream's question nested too deeply to write out: the host's call is answered with an error
+    (not left unanswered) and the gateway serves on."""
+    raw = {"command": PY, "args": [str(Path(__file__).parent / "servers" / "raw_server.py"), "--ask-deep"]}
+    async with raw_host(tmp_path, {"raw": raw}, handshake=False) as host:
+        await host.request("tools/list", {"_meta": ENVELOPE})
+        deep = await host.call("raw__ask_deep", {"depth": 950}, _meta=ENVELOPE)
+        after = await host.call("raw__legacy_echo", {"text": "still here"}, _meta=ENVELOPE)
+    assert "error" in deep and "depth" in deep["error"]["message"], deep
+    assert after["result"]["content"][0]["text"] == "legacy_echo:still here"
+
+
+@pytest.mark.parametrize("lean", [True, False])
 async def test_a_2026_hosts_call_is_cancelled_at_the_upstream(tmp_path: Path, lean: bool) -> None:
     marker = tmp_path / "cancel.txt"
     servers = {"p": probe("p", env=WIRE | {"PROBE_CANCEL_MARKER": str(marker)})}

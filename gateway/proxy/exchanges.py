@@ -8,9 +8,10 @@ background, its question becomes the `input_required` answer to the host's call,
 (matched by `requestState`) carries the answer back to the waiting upstream, and the upstream's
 final result (or its next question) answers the retry.
 
-A call on the stdio lean path runs without a task of its own (`Gateway._start_lean_modern`): its
-exchange then has a `handover`, which puts the first question to the host as the answer to its call
-(the call waits for its retry from then on, as every other), and a `stop` for the quota to end it.
+A call on the lean path runs without a task of its own (`Gateway._start_lean_modern`): its exchange
+then has a `handover`, which puts the first question to the host as the answer to its call (the call
+waits for its retry from then on, as every other), and a `halt` that stops its upstream call where
+another exchange's task is cancelled (`cancel`: the host gave up on its retry, or the quota).
 
 Every such call has an exchange, but only a round with a question out counts against the quotas
 (`MAX_PER_NAMESPACE` per token, `MAX_EXCHANGES` in all): over one, the oldest open round of the
@@ -35,6 +36,8 @@ from typing import Any
 import anyio
 import mcp_types as types
 from pydantic import BaseModel, ValidationError
+
+from gateway.results import error_result
 
 ANSWER_WAIT = 600.0  # how long a question waits for the host's retry; then the upstream hears "decline"
 KEEP_FINISHED = 60.0  # a result nobody came back for is dropped after this
@@ -61,7 +64,7 @@ class Exchange:
         self.evicted: str | None = None  # why its round was closed by the quota (the call answers that)
         # an asyncio queue, not an anyio memory stream: made and passed through once per 2026-era call
         # (the gateway runs on asyncio); one exchange's whole round took 30-36 us with the stream, 14-15 now
-        self._outcomes: asyncio.Queue[Outcome] = asyncio.Queue(8)
+        self._outcomes: asyncio.Queue[Outcome] = asyncio.Queue()  # a result, and questions each awaiting its answer
         self._asked: dict[str, tuple[str, anyio.Event]] = {}  # key -> (method, answered)
         self._answers: dict[str, Any] = {}
         self._count = 0
@@ -70,9 +73,9 @@ class Exchange:
         self.scope = anyio.CancelScope()  # the upstream call running in the background
         self.busy = False  # a host request is waiting for this exchange's next outcome
         # a call without a task of its own (the lean path): the first question goes to the host through this
-        # (False: the host's call is gone, nobody to ask), and `stop` ends the upstream call
+        # (False: the host's call is gone, nobody to ask), and `halt` stops the upstream call
         self.handover: Callable[[Outcome], bool] | None = None
-        self.stop: Callable[[], None] | None = None
+        self.halt: Callable[[], None] | None = None
 
     @property
     def waiting(self) -> bool:
@@ -121,8 +124,18 @@ class Exchange:
         return "; ".join(problems) or None
 
     async def finish(self, result: types.CallToolResult) -> None:
+        self.finish_now(result)
+
+    def finish_now(self, result: types.CallToolResult) -> None:
         self.finished_at = time.monotonic()
-        await self._outcomes.put(result)
+        self._outcomes.put_nowait(result)
+
+    def cancel(self) -> None:
+        """Stop the upstream call: its task's scope, or a task-free call's `halt`."""
+        self.scope.cancel()
+        halt, self.halt = self.halt, None
+        if halt is not None:
+            halt()
 
     async def next_outcome(self) -> Outcome:
         """The upstream's next question or its final result, whichever comes first."""
@@ -186,6 +199,7 @@ class Exchanges:
         stays findable until then, so the host's retry gets that answer, not "expired")."""
         self.rounds.pop(exchange.token, None)
         exchange.evicted = f"This call was ended before its answer came: {why}. Call the tool again."
-        exchange.scope.cancel()
-        if exchange.stop is not None:
-            exchange.stop()
+        task_free = exchange.halt is not None
+        exchange.cancel()
+        if task_free and exchange.finished_at is None:  # no task answers it (`Gateway._run_exchange` does)
+            exchange.finish_now(error_result(exchange.evicted))

@@ -418,9 +418,16 @@ class LeanFront:
             self._answer(rid, call, session, send, write, result)
 
         def asked(question: types.InputRequiredResult) -> bool:
-            if self._flights.pop(rid, None) is None:
+            stop = self._flights.pop(rid, None)
+            if stop is None:
                 return False  # cancelled meanwhile: nobody to ask
-            self._write(send, write, line(_message(rid, session, question, self.server_info)), rid)
+            try:
+                data = line(_message(rid, session, question, self.server_info))
+            except Exception as exc:  # a question that cannot be written (nested too deeply): the call ends here
+                stop()
+                self._write(send, write, line(_failed(rid, call.name, exc)), rid)
+                return False
+            self._write(send, write, data, rid)
             return True
 
         try:

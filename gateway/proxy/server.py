@@ -586,7 +586,7 @@ class Gateway:
             outcome = await exchange.next_outcome()
         except anyio.get_cancelled_exc_class():
             if not exchange.waiting:  # the host gave up before any question: the upstream call stops too
-                exchange.scope.cancel()
+                exchange.cancel()
                 self.exchanges.close(exchange)
             raise
         finally:
@@ -677,8 +677,9 @@ class Gateway:
         exchange.call, call.exchange = call, exchange
 
         def finished(result: types.CallToolResult) -> None:
+            exchange.halt = None  # the upstream call is over
             if exchange.handover is None:  # a question answered the host's call: the retry takes the result
-                spawn(self._exchange_tasks, exchange.finish(result))
+                exchange.finish_now(result)
                 return
             exchange.handover = None
             self.exchanges.close(exchange)
@@ -694,17 +695,12 @@ class Gateway:
                 exchange.handover, call.exchange = None, None
         if cancel is None:
             return None
-        upstream_cancel = cancel
+        exchange.halt = cancel
 
-        def evicted() -> None:  # the quota closed its round: the upstream call stops, the retry hears why
-            upstream_cancel()
-            spawn(self._exchange_tasks, exchange.finish(error_result(exchange.evicted or "")))
-
-        def stop() -> None:  # the host cancelled its call (or left)
-            upstream_cancel()
+        def stop() -> None:  # the host cancelled its call (or left) before any question reached it
+            exchange.cancel()
             self.exchanges.close(exchange)
 
-        exchange.stop = evicted
         return stop
 
     async def call(self, call: ToolCall) -> types.CallToolResult:

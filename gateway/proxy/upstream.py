@@ -74,15 +74,20 @@ class _InFlight:
     timeout: float
     exchange: Any = None  # a 2026 host: its questions go out as `input_required` (proxy/exchanges.py)
     namespace: str = ""  # the token the call came with (whose logs the upstream sends meanwhile)
+    questions: int = 0  # out at once, the clock stopped for them all
 
     @contextmanager
     def paused(self) -> Iterator[None]:
-        """The call's clock stopped while the host (a user, a model) answers an upstream's question."""
+        """The call's clock stopped while the host (a user, a model) answers an upstream's question; it
+        starts again once the last question out is answered."""
+        self.questions += 1
         self.scope.deadline = math.inf
         try:
             yield
         finally:
-            self.scope.deadline = anyio.current_time() + self.timeout
+            self.questions -= 1
+            if not self.questions:
+                self.scope.deadline = anyio.current_time() + self.timeout
 
     async def ask_by_exchange(self, request: Any) -> Any:
         """Put an upstream's question to a 2026 host through the exchange, the call's clock paused."""

@@ -122,9 +122,30 @@ def build(name: str, extra_tools: int, shuffle: bool = False, mutate: str = "") 
                 return types.CallToolResult(content=[types.TextContent(text=f"refused:{exc.error.message}")])
             return types.CallToolResult(content=[types.TextContent(text=f"sampled:{reply.content.text}")])
         if tool == "ask":
-            answer = await ctx.session.elicit_form(
-                "What is your name?", {"type": "object", "properties": {"name": {"type": "string"}}}
-            )
+            schema = {"type": "object", "properties": {"name": {"type": "string"}}}
+            if args.get("twice"):  # two questions out at once, answered in either order
+                answers: list[Any] = [None, None]
+
+                async def one(n: int) -> None:
+                    answers[n] = await ctx.session.elicit_form(f"Question {n + 1}: what is your name?", schema)
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(one, 0)
+                    tg.start_soon(one, 1)
+                names = [f"{a.action}:{(a.content or {}).get('name', '')}" for a in answers]
+                return types.CallToolResult(content=[types.TextContent(text=" ".join(names))])
+            answer = await ctx.session.elicit_form("What is your name?", schema)
+            if args.get("then_sleep"):  # works on after the answer (tests wait for the marker, not a sleep)
+                if state["cancelled_marker"]:
+                    with open(state["cancelled_marker"], "w") as fh:
+                        fh.write("started")
+                try:
+                    await anyio.sleep(float(args["then_sleep"]))
+                except anyio.get_cancelled_exc_class():
+                    if state["cancelled_marker"]:
+                        with open(state["cancelled_marker"], "w") as fh:
+                            fh.write("cancelled")
+                    raise
             return types.CallToolResult(
                 content=[types.TextContent(text=f"{answer.action}:{(answer.content or {}).get('name', '')}")]
             )

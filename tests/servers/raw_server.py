@@ -59,6 +59,10 @@ if "--slow-big" in sys.argv:  # a large reply written slowly, a piece at a time 
     TOOLS.append({"name": "slow_big", "description": "A large reply, slowly.", "inputSchema": {"type": "object"}})
 
 
+if "--ask-deep" in sys.argv:  # asks the user a question whose schema is nested `depth` levels deep
+    TOOLS.append({"name": "ask_deep", "description": "Ask, deeply nested.", "inputSchema": {"type": "object"}})
+ASKING: dict[str, object] = {}  # our question's id -> the call it belongs to
+
 RESOURCES = "--resources" in sys.argv  # declares resources but has no resources/templates/list (-32601)
 
 
@@ -74,6 +78,10 @@ for line in sys.stdin:
     method, msg_id = msg.get("method"), msg.get("id")
     if msg_id is None:
         continue  # notifications
+    if method is None and msg_id in ASKING:  # the answer to our question: the call it belongs to ends
+        answer = json.dumps(msg.get("result", msg.get("error")))
+        reply(ASKING.pop(msg_id), {"content": [{"type": "text", "text": f"answered:{answer[:200]}"}]})
+        continue
     if method == "initialize":
         reply(
             msg_id,
@@ -118,6 +126,16 @@ for line in sys.stdin:
             sys.stdout.flush()
             time.sleep(float(args.get("pause", 0.02)))
         sys.stdout.write("\n")
+        sys.stdout.flush()
+    elif method == "tools/call" and msg["params"]["name"] == "ask_deep":
+        depth = int((msg["params"].get("arguments") or {}).get("depth", 950))
+        ASKING[f"q{msg_id}"] = msg_id
+        nested = "[" * depth + "]" * depth
+        schema = '{"type": "object", "properties": {"x": {"type": "array", "default": ' + nested + "}}}"
+        head = {"jsonrpc": "2.0", "id": f"q{msg_id}", "method": "elicitation/create"}
+        sys.stdout.write(
+            json.dumps(head)[:-1] + ', "params": {"message": "deep", "requestedSchema": ' + schema + "}}\n"
+        )
         sys.stdout.flush()
     elif method == "tools/call" and msg["params"]["name"] == "deep":
         nested = "[" * 1500 + "]" * 1500

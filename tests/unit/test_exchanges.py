@@ -91,8 +91,8 @@ async def test_at_the_quota_of_all_the_biggest_holder_pays(monkeypatch: pytest.M
 async def test_a_call_without_a_task_hands_its_first_question_over() -> None:
     """The lean path's exchange (no task waits on it): the first question goes to `handover` (the host's
     call answers it), later ones wait in the exchange for the retry as always; a handover that finds
-    the host's call gone declines the question at once and opens no round; the quota's eviction ends
-    such a call through `stop`."""
+    the host's call gone declines the question at once and opens no round; the quota's eviction and a
+    retry given up end such a call through `halt`."""
     registry = Exchanges()
     ex = registry.new("")
     handed: list[object] = []
@@ -125,10 +125,19 @@ async def test_a_call_without_a_task_hands_its_first_question_over() -> None:
         assert await gone.ask(types.ListRootsRequest()) is None
     assert not gone.waiting and gone.token not in registry.rounds
 
-    stopped: list[str] = []
+    halted: list[str] = []
     lean = registry.new("alice")
-    lean.stop = lambda: stopped.append(lean.evicted or "")
+    lean.halt = lambda: halted.append(lean.evicted or "")
     registry.opened(lean)
     for _ in range(exchanges.MAX_PER_NAMESPACE):
         registry.opened(registry.new("alice"))
-    assert len(stopped) == 1 and "64 questions" in stopped[0]
+    assert len(halted) == 1 and "64 questions" in halted[0] and lean.halt is None
+    with anyio.fail_after(5):  # no task finishes it: the eviction answers its retry
+        outcome = await lean.next_outcome()
+    assert isinstance(outcome, types.CallToolResult) and outcome.is_error and "64 questions" in outcome.content[0].text
+
+    asked_again = registry.new("")
+    asked_again.halt = lambda: halted.append("retry given up")
+    asked_again.cancel()  # the host gave up on its retry: the upstream call stops, once
+    asked_again.cancel()
+    assert halted[1:] == ["retry given up"] and asked_again.scope.cancel_called
