@@ -18,7 +18,7 @@ import anyio
 import httpx2
 import mcp_types as types
 import pytest
-from conftest import eventually, http_gateway, probe, text_of
+from conftest import PY, eventually, http_gateway, probe, text_of
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from test_lean_path import (
@@ -285,6 +285,35 @@ async def test_a_2026_host_that_closes_the_stream_cancels_the_call_at_the_upstre
                 headers=HEADERS | routed("p__echo"),
             )
     assert after.json()["result"]["content"][0]["text"] == "still here"
+
+
+@pytest.mark.parametrize("lean", [True, False])
+async def test_a_question_that_cannot_be_written_to_a_2026_host_over_http_ends_its_call(
+    tmp_path: Path, lean: bool
+) -> None:
+    """An upstream's question nested too deeply to write out: the host's call is answered with an error
+    and, on the lean path, the upstream call stops at once (it hears a cancel) instead of waiting for an
+    answer that cannot come."""
+    raw = {"command": PY, "args": [str(Path(__file__).parent / "servers" / "raw_server.py"), "--ask-deep"]}
+    params = {"name": "raw__ask_deep", "arguments": {"depth": 950}, "_meta": ENVELOPE}
+    with http_gateway(tmp_path, f"--lean-path={str(lean).lower()}", servers={"raw": raw}) as url:
+        async with httpx2.AsyncClient(timeout=httpx2.Timeout(60)) as http:
+            deep = await http.post(
+                url,
+                json={"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params},
+                headers=HEADERS | routed("raw__ask_deep"),
+            )
+            if lean:
+                log = tmp_path / "ws" / "logs" / "raw.log"
+                await eventually(lambda: "cancelled gw-" in log.read_text(), 20, "the upstream to hear the cancel")
+            echo = {"name": "raw__legacy_echo", "arguments": {"text": "still here"}, "_meta": ENVELOPE}
+            after = await http.post(
+                url,
+                json={"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": echo},
+                headers=HEADERS | routed("raw__legacy_echo"),
+            )
+    assert "error" in answer_in(deep.text, 1), deep.text[:300]
+    assert answer_in(after.text, 2)["result"]["content"][0]["text"] == "legacy_echo:still here"
 
 
 async def test_a_2026_host_asking_nothing_reaches_an_http_upstream_of_its_era_without_a_session(tmp_path: Path) -> None:

@@ -450,6 +450,8 @@ async def test_a_question_that_cannot_be_written_to_a_2026_host_ends_its_call(tm
     async with raw_host(tmp_path, {"raw": raw}, handshake=False) as host:
         await host.request("tools/list", {"_meta": ENVELOPE})
         deep = await host.call("raw__ask_deep", {"depth": 950}, _meta=ENVELOPE)
+        log = tmp_path / "ws" / "logs" / "raw.log"
+        await eventually(lambda: "cancelled gw-" in log.read_text(), 20, "the upstream to hear the cancel")
         after = await host.call("raw__legacy_echo", {"text": "still here"}, _meta=ENVELOPE)
     assert "error" in deep and "depth" in deep["error"]["message"], deep
     assert after["result"]["content"][0]["text"] == "legacy_echo:still here"

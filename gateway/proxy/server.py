@@ -32,7 +32,7 @@ from gateway.proxy.host_sessions import (
     namespace_of,
     session_id_of,
 )
-from gateway.proxy.lean import LeanFront, spawn
+from gateway.proxy.lean import LeanFront, spawn, wire_result
 from gateway.proxy.notices import Notices
 from gateway.proxy.reload import STOP_WAIT, Plan
 from gateway.proxy.routing import URI_SEP, Route, RoutingTable
@@ -550,6 +550,11 @@ class Gateway:
             stop()
             raise
         if isinstance(result, types.InputRequiredResult):
+            try:  # written next: a question that cannot be (nested too deeply) ends the call here
+                wire_result(call.host_session.protocol_version, result)
+            except Exception:
+                stop()
+                raise
             return result
         return await self._finish(call, result)
 

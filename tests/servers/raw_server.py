@@ -77,6 +77,8 @@ for line in sys.stdin:
     msg = json.loads(line)
     method, msg_id = msg.get("method"), msg.get("id")
     if msg_id is None:
+        if method == "notifications/cancelled":  # in its log (the gateway keeps a server's stderr)
+            print(f"cancelled {msg['params'].get('requestId')}", file=sys.stderr, flush=True)
         continue  # notifications
     if method is None and msg_id in ASKING:  # the answer to our question: the call it belongs to ends
         answer = json.dumps(msg.get("result", msg.get("error")))
