@@ -6,13 +6,18 @@ while they start."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import anyio
 
 from gateway.settings import Settings
+
+if TYPE_CHECKING:
+    from gateway.proxy.server import Gateway
 
 log = logging.getLogger("gateway")
 
@@ -30,6 +35,9 @@ def cmd_serve(settings: Settings, reload: Callable[[], Settings] | None = None) 
             "--config FILE`, or `npx @modelcontextprotocol/inspector -- mcp-context-gateway --config FILE` (the `--` keeps --config for the gateway).",
             file=sys.stderr,
         )
+    from gateway.services import heap
+
+    heap.collect_less()
     anyio.run(_serve, settings, reload)
     return 0
 
@@ -53,4 +61,17 @@ async def _serve(settings: Settings, reload: Callable[[], Settings] | None) -> N
                     tg.start_soon(one.aclose)
         raise
     serve = serve_http if settings.gateway.transport == "http" else serve_stdio
-    await serve(gateway, reload)
+    # a plain task, not a task group's: serve's own errors reach the command line unwrapped
+    settle = asyncio.ensure_future(_serving(gateway))
+    try:
+        await serve(gateway, reload)
+    finally:
+        settle.cancel()
+
+
+async def _serving(gateway: Gateway) -> None:
+    """Once the upstreams started (or gave up): what lives as long as the process is frozen (`heap.serving`)."""
+    from gateway.services import heap
+
+    await gateway.wait_ready()
+    heap.serving()

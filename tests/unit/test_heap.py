@@ -1,6 +1,10 @@
-"""After a large result the gateway gives the freed heap back to the system instead of keeping it."""
+"""After a large result the gateway gives the freed heap back to the system instead of keeping it; a
+serving gateway's collector runs less often and no longer walks what it started with."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import pytest
 
@@ -43,3 +47,23 @@ def test_give_back_soon_returns_the_pages_without_making_the_caller_wait() -> No
         assert time.monotonic() < deadline, "the freed ~100 MB stayed in the heap"
         time.sleep(0.05)
     assert len(kept) == 250
+
+
+def test_a_serving_process_collects_less_and_freezes_what_it_started_with() -> None:
+    """In a process of its own (what is frozen stays for the process's life): the thresholds are the
+    serving ones, the start-up objects leave the collector's sight, and garbage made later is still
+    collected."""
+    script = (
+        "import gc\n"
+        "from gateway.services import heap\n"
+        "heap.collect_less()\n"
+        "started = len(gc.get_objects())\n"
+        "heap.serving()\n"
+        "print(gc.get_threshold() == heap.YOUNG_THRESHOLDS, gc.get_freeze_count() >= started)\n"
+        "class Node: pass\n"
+        "a, b = Node(), Node(); a.other, b.other = b, a\n"
+        "del a, b\n"
+        "print(gc.collect() >= 2)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split() == ["True", "True", "True"], out.stderr
