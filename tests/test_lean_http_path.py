@@ -226,6 +226,14 @@ async def test_the_sdks_checks_of_a_request_hold_on_the_lean_path(tmp_path: Path
     assert ended.status_code == 404  # a session the host ended is not served on either path
 
 
+PARAM_HEADERS = [
+    ("p__routed", "eu-west", {"mcp-param-region": "eu-west"}),
+    ("p__routed", "eu-west", {"mcp-param-region": "us-east"}),
+    ("p__routed", "eu-west", {}),
+    ("p__echo", None, {"mcp-param-region": "eu-west"}),
+]
+
+
 async def _modern_answers(tmp_path: Path, lean: bool) -> tuple[list[tuple[int, dict]], list[dict]]:
     """A 2026-era host's calls over HTTP: no session, the envelope in every request's `_meta`."""
     (tmp_path / str(lean)).mkdir()
@@ -236,16 +244,25 @@ async def _modern_answers(tmp_path: Path, lean: bool) -> tuple[list[tuple[int, d
         async with httpx2.AsyncClient(timeout=httpx2.Timeout(60)) as http:
             host = HttpHost(http, url)
 
-            async def call(rid: int, name: str, arguments: Any, **extra: Any) -> httpx2.Response:
+            async def call(
+                rid: int, name: str, arguments: Any, headers: dict[str, str] | None = None, **extra: Any
+            ) -> httpx2.Response:
                 params = {"name": name, **extra, "_meta": {**extra.get("_meta", {}), **ENVELOPE}}
                 if arguments is not None:
                     params["arguments"] = arguments
                 return await host.post(
-                    {"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": params}, **routed(name)
+                    {"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": params},
+                    **routed(name),
+                    **(headers or {}),
                 )
 
             for rid, (name, arguments, extra) in enumerate(CALLS):
                 response = await call(rid, name, arguments, **extra)
+                answers.append((response.status_code, response.json()))
+            # Mcp-Param headers against the tool's schema: matching, not matching, missing; and one the
+            # tool's schema does not name (nothing to check)
+            for rid, (name, region, headers) in enumerate(PARAM_HEADERS, 50):
+                response = await call(rid, name, {"region": region} if region else {"text": "x"}, headers)
                 answers.append((response.status_code, response.json()))
             ids = [(await call(99, "p__request_id", {})).json()["result"] for _ in range(2)]
     return answers, ids
@@ -254,11 +271,15 @@ async def _modern_answers(tmp_path: Path, lean: bool) -> tuple[list[tuple[int, d
 async def test_a_2026_hosts_lean_http_calls_are_answered_as_the_sdk_answers_them(tmp_path: Path) -> None:
     lean, lean_ids = await _modern_answers(tmp_path, True)
     sdk, sdk_ids = await _modern_answers(tmp_path, False)
-    for (name, _, _), a, b in zip(CALLS, lean, sdk, strict=True):
+    names = [name for name, _, _ in CALLS + PARAM_HEADERS]
+    for name, a, b in zip(names, lean, sdk, strict=True):
         assert a == b, name
     assert lean[0][1]["result"]["structuredContent"]["nested"] == {"list": [1, 2.5, None, True]}
     assert lean[0][1]["result"]["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "mcp-context-gateway"
     assert lean[8][0] == 400 and lean[8][1]["error"]["code"] == -32602  # the SDK's own answer, status and all
+    headed = lean[len(CALLS) :]
+    assert [status for status, _ in headed] == [200, 400, 400, 200]  # refused where the SDK refuses
+    assert headed[1][1]["error"]["code"] == types.HEADER_MISMATCH
     # the lean path really was taken: the stdio upstream got the call the lean way too
     assert lean_ids[0]["content"][0]["text"].startswith("str:gw-") and sdk_ids[0]["content"][0]["text"].startswith(
         "int:"

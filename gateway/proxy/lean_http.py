@@ -51,6 +51,7 @@ from gateway.plugin import ToolCall
 from gateway.proxy.host_sessions import forwardable_meta, http_session_id, is_modern, scope_namespace
 from gateway.proxy.lean import Modern, Stamp, answered, plain_call
 from gateway.proxy.stdio_lines import json_line
+from gateway.proxy.upstream import maps_headers
 
 log = logging.getLogger("gateway.lean_http")
 
@@ -92,6 +93,7 @@ class LeanHttpFront:
         self.schema = schema  # a tool's input schema, for a 2026 host's Mcp-Param headers
         self.stamp = stamp  # the gateway's serverInfo, as 2026-era results carry it
         self._flights: dict[tuple[str, str | int], anyio.CancelScope] = {}  # (session, request id) -> its call
+        self._declared: dict[int, tuple[Any, bool]] = {}  # id(schema) -> (schema, names an x-mcp-header)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -107,7 +109,7 @@ class LeanHttpFront:
         if transport is None or (version and version not in HANDSHAKE_PROTOCOL_VERSIONS):
             await self.app(scope, receive, send)
             return
-        message, replay = await self._read(scope, receive, headers)
+        message, replay = await self._read(Request(scope), receive, headers)
         if message is None:
             await self.app(scope, replay, send)
             return
@@ -141,19 +143,23 @@ class LeanHttpFront:
         """A 2026-era request (no session: each carries its envelope). Taken after the checks of the SDK's
         single-exchange handler; a host that closes the response stream cancels the call, and one that
         runs past `KEEPALIVE` seconds is answered on an SSE stream with pings meanwhile, as there."""
-        message, replay = await self._read(scope, receive, headers)
+        request = Request(scope)
+        message, replay = await self._read(request, receive, headers)
         params = plain_call(message) if message is not None and message.get("method") == "tools/call" else None
         if message is None or params is None:
             await self.app(scope, replay, send)
             return
-        fields = Request(scope).headers
+        fields = request.headers
         route = None
         if find_duplicated_routing_header(fields.items()) is None:
             route = classify_inbound_request(message, headers=dict(fields))
         arguments = params.get("arguments") or {}
+        # a schema that maps no argument to a header fails no request's headers (the SDK's check walks it twice)
         schema = self.schema(params["name"]) if arguments or any(k.startswith(b"mcp-param-") for k in headers) else None
         if not isinstance(route, InboundModernRoute) or (
-            schema is not None and validate_mcp_param_headers(schema, arguments, fields) is not None
+            schema is not None
+            and self._declares_headers(schema)
+            and validate_mcp_param_headers(schema, arguments, fields) is not None
         ):
             await self.app(scope, replay, send)  # the SDK tells the host what is wrong
             return
@@ -199,7 +205,7 @@ class LeanHttpFront:
         )
 
     async def _read(
-        self, scope: dict[str, Any], receive: Any, headers: dict[bytes, bytes]
+        self, request: Request, receive: Any, headers: dict[bytes, bytes]
     ) -> tuple[dict[str, Any] | None, Any]:
         """The request's one JSON-RPC message of this path's methods, once it passed the SDK's checks of
         a POST; None otherwise. And a `receive` that gives the SDK whatever was read."""
@@ -207,14 +213,23 @@ class LeanHttpFront:
             length = int(headers.get(b"content-length", b"0"))
         except ValueError:
             length = MAX_BODY + 1
-        if length > MAX_BODY or not await self._acceptable(scope):
+        if length > MAX_BODY or not await self._acceptable(request):
             return None, receive
         body, replay = await _body(receive)
         return (_message(body) if body is not None else None), replay
 
-    async def _acceptable(self, scope: dict[str, Any]) -> bool:
+    def _declares_headers(self, schema: Any) -> bool:
+        """Whether a tool's input schema maps arguments to headers (looked at once per schema): only then
+        can the SDK's check refuse a request's `Mcp-Param-*` headers."""
+        known = self._declared.get(id(schema))
+        if known is None or known[0] is not schema:
+            if len(self._declared) >= 4096:  # the tools changed many times: start again
+                self._declared.clear()
+            known = self._declared[id(schema)] = (schema, maps_headers(schema))
+        return known[1]
+
+    async def _acceptable(self, request: Request) -> bool:
         """The SDK's checks of a POST, before its body is read: Host and Origin, Accept, Content-Type."""
-        request = Request(scope)
         if await self.security.validate_request(request, is_post=True) is not None:
             return False
         has_json, has_sse = check_accept_headers(request)

@@ -95,7 +95,7 @@ class _InFlight:
             return await self.exchange.ask(request)
 
 
-def _maps_headers(schema: Any) -> bool:
+def maps_headers(schema: Any) -> bool:
     """A tool's input schema names arguments a 2026-era call also sends as `Mcp-Param-*` headers."""
     return find_invalid_x_mcp_header(schema) is not None or bool(x_mcp_header_map(schema))
 
@@ -115,7 +115,7 @@ def _may_go_sessionless(tool: types.Tool) -> bool:
     there has run twice up to that point; and not one whose arguments go into headers too."""
     notes = tool.annotations
     safe = notes is not None and (notes.read_only_hint is True or notes.idempotent_hint is True)
-    return safe and not _maps_headers(tool.input_schema)
+    return safe and not maps_headers(tool.input_schema)
 
 
 def _not_answered(what: str) -> types.ErrorData:

@@ -59,6 +59,7 @@ from gateway.services.spill import LineBuffer
 
 log = logging.getLogger(__name__)
 
+SHORT_BODY = 64 * 1024  # without a spiller, a body up to this long (by its Content-Length) is read whole
 CANCEL_SECONDS = 5.0  # a cancel's POST waits at most this long
 MAX_REDIRECTS = 20  # same-origin 307/308 redirects followed, as httpx's client follows them for the SDK
 RESUME_ATTEMPTS = 2  # GETs with Last-Event-ID after a stream ends before its reply (the SDK's count)
@@ -100,7 +101,8 @@ class HttpRawRequests:
         self._warned = False  # a failing call was logged at warning (once per connection)
         self.client_info = client_info  # the gateway's, as its session's `initialize` gave it
         self.modern: str | None = None  # the 2026-era version the upstream said it speaks (`_discover`)
-        self._retry: dict[str, tuple[bytes, Progress | None, Any]] = {}  # sessionless call -> its session body
+        # sessionless call -> its request as the session's, the progress callback, the tool
+        self._retry: dict[str, tuple[dict[str, Any], Progress | None, Any]] = {}
         # tools that asked their client something when called so: called on the session (the upstream's, so
         # that it outlives this connection)
         self._asking: set[Any] = asking if asking is not None else set()
@@ -156,14 +158,16 @@ class HttpRawRequests:
         rid = f"{ID_PREFIX}{next(self._ids)}"
         if on_progress is not None:
             params = params | {"_meta": {**(params.get("_meta") or {}), "progressToken": rid}}
-        body = _encode({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
+        request = {"jsonrpc": "2.0", "id": rid, "method": method, "params": params}
         headers = None
         tool = params.get("name")
         if sessionless and (version := self.modern) is not None and tool not in self._asking:
-            self._retry[rid] = (body, on_progress, tool)
+            self._retry[rid] = (request, on_progress, tool)  # encoded if it is made on the session
             meta = {**(params.get("_meta") or {}), **self._envelope(version)}
-            body = _encode({"jsonrpc": "2.0", "id": rid, "method": method, "params": params | {"_meta": meta}})
+            body = _encode(request | {"params": params | {"_meta": meta}})
             headers = self._modern_headers(version, method, tool)
+        else:
+            body = _encode(request)
         task = asyncio.get_running_loop().create_task(self._post(rid, body, on_progress, headers))
         self._pending[rid] = (task, settle)
         return rid
@@ -187,7 +191,7 @@ class HttpRawRequests:
         that asked, failed inside its handler, or was refused as that era's is made again on the session,
         with its clock started again."""
         if (retry := self._retry.pop(rid, None)) is not None:
-            body, on_progress, tool = retry
+            request, on_progress, tool = retry
             again = True
             if outcome is NOT_THIS_ERA or (
                 isinstance(outcome, types.ErrorData) and outcome.code in REFUSED_SESSIONLESS
@@ -217,7 +221,7 @@ class HttpRawRequests:
             if again and rid in self._pending:
                 if on_progress is not None:  # the clock starts again: the call is made anew
                     on_progress()
-                task = asyncio.get_running_loop().create_task(self._post(rid, body, on_progress))
+                task = asyncio.get_running_loop().create_task(self._post(rid, _encode(request), on_progress))
                 self._pending[rid] = (task, self._pending[rid][1])
                 return
         waiting = self._pending.pop(rid, None)
@@ -313,8 +317,18 @@ class HttpRawRequests:
         return HTTP_FAILED
 
     async def _body(self, response: Any) -> Any:
-        """A JSON body, spooled to disk as it streams once it is long (its long strings stay there)."""
-        body = LineBuffer(self.spooling.spiller)
+        """A JSON body, spooled to disk as it streams once it is long (its long strings stay there); one
+        that says it is short is read whole."""
+        spiller = self.spooling.spiller
+        length = response.content_length
+        if length is not None and length <= (spiller.threshold if spiller is not None else SHORT_BODY):
+            try:
+                return json.loads(await response.read())
+            except ValueError:
+                return None
+            finally:
+                self.heard()
+        body = LineBuffer(spiller)
         try:
             async for chunk in response.content.iter_any():
                 self.heard()
@@ -600,9 +614,13 @@ def _shown(location: str, base: str) -> str:
         return "another address"
 
 
+# ASCII: a lone surrogate in an argument stays an escape (the SDK's writer refuses to send one); one
+# encoder for all (`json.dumps` with separators makes one per call)
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+
+
 def _encode(message: dict[str, Any]) -> bytes:
-    # ASCII: a lone surrogate in an argument stays an escape (the SDK's writer refuses to send one)
-    return json.dumps(message, separators=(",", ":")).encode()
+    return _ENCODER.encode(message).encode()
 
 
 def _as_session_result(result: dict[str, Any]) -> None:

@@ -7,7 +7,7 @@ import mcp_types as types
 from mcp.server.connection import Connection
 
 from gateway.proxy.host_sessions import asks_nothing
-from gateway.proxy.upstream import SESSIONLESS_TOOLS, _maps_headers, sessionless_tools
+from gateway.proxy.upstream import SESSIONLESS_TOOLS, maps_headers, sessionless_tools
 from gateway.proxy.upstream_lean_http import _as_session_result, _Event
 
 
@@ -51,9 +51,9 @@ def test_only_a_2026_host_that_declared_no_questions_asks_nothing() -> None:
 
 
 def test_a_tool_mapping_arguments_to_headers_is_told_apart() -> None:
-    assert not _maps_headers({"type": "object", "properties": {"q": {"type": "string"}}})
-    assert _maps_headers({"type": "object", "properties": {"r": {"type": "string", "x-mcp-header": "Region"}}})
-    assert _maps_headers({"type": "object", "properties": {"r": {"type": "object", "x-mcp-header": "Bad"}}})
+    assert not maps_headers({"type": "object", "properties": {"q": {"type": "string"}}})
+    assert maps_headers({"type": "object", "properties": {"r": {"type": "string", "x-mcp-header": "Region"}}})
+    assert maps_headers({"type": "object", "properties": {"r": {"type": "object", "x-mcp-header": "Bad"}}})
 
 
 def test_only_read_only_or_idempotent_tools_of_a_short_one_page_listing_go_sessionless() -> None:
