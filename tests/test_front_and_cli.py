@@ -270,6 +270,12 @@ def test_allowed_origins_admit_a_browser_client(tmp_path: Path) -> None:
         assert allowed.status_code == 200
         other = httpx2.post(url, json=INIT, headers=JSON_HEADERS | {"origin": "https://evil.example"})
         assert other.status_code == 403
+        # what the front does not serve is answered as Starlette answers it: another path, another method
+        assert httpx2.post(url.replace("/mcp", "/other"), json=INIT, headers=JSON_HEADERS).status_code == 404
+        assert httpx2.put(url, json=INIT, headers=JSON_HEADERS).status_code == 405
+        assert httpx2.post(url.replace("/mcp", "/metrics"), headers=JSON_HEADERS).status_code == 405
+        slash = httpx2.post(url + "/", json=INIT, headers=JSON_HEADERS)
+        assert slash.status_code == 307 and slash.headers["location"].endswith("/mcp")
 
 
 async def test_metrics_in_prometheus_text_under_the_same_rules(tmp_path: Path) -> None:
