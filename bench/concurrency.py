@@ -9,10 +9,11 @@ calls one after another; all clients run at once. The probe declares its echo re
 tools in one page, as a server built on the SDK's MCPServer with annotated tools does (`--paged`: pages
 of 5 and nothing declared, the calls of 2026-era hosts then stay on the gateway's session).
 The same run is made straight to the upstream, through the gateway (HTTP front, all plugins on; and
-with `lean_path` off), and through `http_relay.py`: uvicorn and httpx, the gateway's own HTTP
-libraries, relaying bytes without parsing them (the floor of a proxy built on them); the same with
-aiohttp behind, when it is installed (what the HTTP client alone costs); and a TCP relay copying
-bytes (the floor of any proxy process). Printed: calls per second, p50 / p99 latency, calls lost
+with `lean_path` off), and through `http_relay.py`, relaying bytes without parsing them: uvicorn and
+httpx (the libraries of the SDK's path); uvicorn and aiohttp (those of the gateway's lean path: its
+front and its leg to the upstream, so the floor a lean call could reach); and a TCP relay copying
+bytes (the floor of any proxy process). Every path is warmed first with a few untimed calls, and every
+other round runs the paths in reverse order. Printed: calls per second, p50 / p99 latency, calls lost
 or failed (the target is none), and the CPU time (user + system, from /proc) each call cost the proxy
 process and the upstream; then each path's calls per second as a share of direct in the same round,
 median and range over the rounds. The load generator shares the two cores with the servers, and this
@@ -22,7 +23,6 @@ machine's speed moves between runs: compare paths within one run.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -90,6 +90,7 @@ async def run(url: str, clients: int, calls: int, era: str) -> tuple[float, list
     return time.perf_counter() - start, latencies, failures
 
 
+WARM_CALLS = 10  # per client, on every path before the rounds
 HEADER = ["path", "calls", "wall", "calls/s", "p50", "p99", "lost or failed", "proxy CPU/call", "upstream CPU/call"]
 
 
@@ -163,11 +164,10 @@ def main(clients: int, calls: int, era: str, rounds: int, before: str | None, pa
             )
             paths.append((label, f"http://127.0.0.1:{port}/mcp", procs[-1].pid))
             wait_listening(paths[-1][1], procs[-1])
-        relays = [("HTTP relay (uvicorn + httpx, nothing parsed)", [])]
-        if importlib.util.find_spec("aiohttp") is not None:
-            relays.append(("HTTP relay (uvicorn + aiohttp)", ["--client", "aiohttp"]))
-        else:
-            print("(aiohttp is not installed: `pip install aiohttp` in this environment adds its relay row)")
+        relays = [
+            ("HTTP relay (uvicorn + httpx, nothing parsed)", []),
+            ("HTTP relay (uvicorn + aiohttp)", ["--client", "aiohttp"]),
+        ]
         relays.append(("TCP relay (bytes copied, HTTP not parsed)", ["--tcp"]))
         for label, how in relays:
             port = free_port()
@@ -183,8 +183,16 @@ def main(clients: int, calls: int, era: str, rounds: int, before: str | None, pa
             wait_listening(paths[-1][1], procs[-1])
         rows = [HEADER]
         upstream_pid = procs[0].pid
-        for _ in range(rounds):  # the paths in turn, round after round: a machine that gets busier shifts them alike
-            rows += [measured(label, url, clients, calls, era, (pid, upstream_pid)) for label, url, pid in paths]
+        for _, url, _ in paths:  # every path warmed first (its connections, lazy imports), untimed
+            anyio.run(run, url, clients, WARM_CALLS, era)
+        for r in range(rounds):
+            # the paths in turn, round after round, every other round in reverse order: a machine that gets
+            # busier or quieter shifts them alike, and no path is always the one after direct
+            order = list(enumerate(paths)) if r % 2 == 0 else list(enumerate(paths))[::-1]
+            measured_now = {
+                n: measured(label, url, clients, calls, era, (pid, upstream_pid)) for n, (label, url, pid) in order
+            }
+            rows += [measured_now[n] for n in range(len(paths))]
         print(
             f"{clients} clients x {calls} calls, each client its own MCP session over Streamable HTTP; host era {era}\n"
         )

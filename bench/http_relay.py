@@ -12,9 +12,9 @@ upstream in turn; one with a session id goes where that session was opened (stic
 load balancer in front of gateway replicas must be: sessions and `input_required` rounds live in one
 process).
 
-`--client aiohttp` needs aiohttp installed (a bench-only install, never a dependency of the gateway):
-it shows what the HTTP client alone costs. `--tcp` is the floor of any proxy process on this machine:
-one more hop, asyncio copying bytes both ways.
+`--client aiohttp` relays with the HTTP client of the gateway's lean path (its leg to Streamable HTTP
+upstreams): the floor a lean call could reach. `--tcp` is the floor of any proxy process on this
+machine: one more hop, asyncio copying bytes both ways.
 """
 
 import asyncio
