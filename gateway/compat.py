@@ -104,6 +104,44 @@ def leave_signals_to_us(server: Any) -> None:
     server.capture_signals = contextlib.nullcontext
 
 
+MAX_REQUEST_HEAD = 64 * 1024  # a request line and headers longer than this are refused (431)
+HEAD_TOO_LARGE = b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+
+
+@functools.cache
+def http_protocol() -> Any:
+    """uvicorn's protocol for the HTTP front: its httptools one (a compiled parser) with a cap on a
+    request's head. uvicorn's h11 protocol refuses a head over 16 KB; its httptools one keeps one in
+    memory however long it grows, before any check of ours has read it (a client without a token could
+    send hundreds of MB). Counted while the head is incomplete after each read; h11 without httptools."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:  # httptools missing from this environment: the pure-Python parser
+        return "h11"
+
+    class CappedHead(HttpToolsProtocol):
+        _head_bytes = 0
+        _in_head = False
+
+        def on_message_begin(self) -> None:
+            self._head_bytes, self._in_head = 0, True
+            super().on_message_begin()
+
+        def on_headers_complete(self) -> None:
+            self._in_head = False
+            super().on_headers_complete()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self._in_head and not self.transport.is_closing():
+                self._head_bytes += len(data)
+                if self._head_bytes > MAX_REQUEST_HEAD:
+                    self.transport.write(HEAD_TOO_LARGE)
+                    self.transport.close()
+
+    return CappedHead
+
+
 def wire_problem(method: str, result: dict[str, Any]) -> str | None:
     """None when the front can send this result to hosts of both protocol eras; else the first problem.
     The SDK checks every outgoing result against the negotiated version's schema and fails the whole

@@ -4,7 +4,9 @@ their owner's for as long as they live."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -185,3 +187,36 @@ async def test_a_session_is_its_owners_for_as_long_as_it_lives(tmp_path: Path, m
             for token in (ALICE, BOB):
                 assert (await http.post(url, json=LISTING, headers=as_token(token, first))).status_code == 404
         server.should_exit = True
+
+
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:")) / 1024
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the gateway's memory from /proc")
+def test_a_request_head_without_end_is_cut_off_before_it_fills_memory(tmp_path: Path) -> None:
+    """A client with no token sends one header of 64 MB: the front answers 431 once the head passes 64 KB
+    and closes the connection (it used to hold the whole head in memory before any check read it), and
+    the gateway keeps serving."""
+    cmd, port = two_tenants(tmp_path, {"p": probe("p")}, [])
+    url = f"http://127.0.0.1:{port}/mcp"
+    with serving(cmd, f"http://127.0.0.1:{port}/nothing", gateway_env()) as proc:
+        before = _rss_mb(proc.pid)
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nX-Filler: ".encode())
+            chunk, sent = b"a" * 65536, 0
+            try:
+                while sent < 64 * 1024 * 1024:
+                    sock.sendall(chunk)
+                    sent += len(chunk)
+            except OSError:  # closed by the gateway: what it should do
+                pass
+            answer = b""
+            with contextlib.suppress(OSError):
+                while part := sock.recv(65536):
+                    answer += part
+        assert answer.startswith(b"HTTP/1.1 431"), answer[:80]
+        assert sent < 64 * 1024 * 1024 and _rss_mb(proc.pid) < before + 32
+        with httpx2.Client(timeout=30) as http:  # still serving
+            assert http.post(url, json=INIT, headers=as_token(ALICE)).status_code == 200

@@ -6,6 +6,7 @@ that is not JSON): each outcome is the one the SDK's own client gets from the sa
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import shutil
 import ssl
@@ -25,10 +26,13 @@ from mcp.client.streamable_http import streamable_http_client
 
 from gateway.proxy.upstream_http import SpoolingTransport
 from gateway.proxy.upstream_lean_http import HttpRawRequests
+from gateway.services import spill
+from gateway.services.spill import Spiller
 
 pytestmark = pytest.mark.anyio
 
 RESULT = {"content": [{"type": "text", "text": "ok"}], "isError": False}
+LONG_TEXT = 512 * 1024
 
 
 class Upstream:
@@ -101,6 +105,10 @@ class Upstream:
                 await self._events(request, f"data: {json.dumps(listed)}\n\n") if events else web.json_response(listed)
             )
         reply = self._reply(rid)
+        if self.scenario == "gzip_json":  # a long text that compresses well, as plain JSON
+            long = {"content": [{"type": "text", "text": "a" * LONG_TEXT}], "isError": False}
+            body = gzip.compress(json.dumps({"jsonrpc": "2.0", "id": rid, "result": long}).encode())
+            return web.Response(body=body, content_type="application/json", headers={"content-encoding": "gzip"})
         if self.scenario == "keep_open":  # the reply, then the stream stays open
             response = await self._events(request, f"event: message\ndata: {reply}\n\n", end=False)
             await self.release.wait()
@@ -183,17 +191,23 @@ async def both_ways(scenario: str, tls: ssl.SSLContext | None = None) -> tuple[A
                     sdk: Any = (await session.call_tool("x", {})).content[0].text  # type: ignore[union-attr]
             except MCPError as exc:
                 sdk = exc.error.code
-            sink, source = anyio.create_memory_object_stream[Any](0)
-            lean = HttpRawRequests(url, {}, spooling, lambda: None)
-            lean.attach(sink)
-            lean.session_ready()
-            settled = asyncio.get_running_loop().create_future()
-            async with source:
-                with anyio.fail_after(10):  # before: a stream kept open never settled the call
-                    lean.start("tools/call", {"name": "x", "arguments": {}}, settled.set_result)
-                    outcome = await settled
-            lean.detach()
+            outcome = await lean_call(url, spooling)
     return sdk, outcome["content"][0]["text"] if isinstance(outcome, dict) else outcome.code
+
+
+async def lean_call(url: str, spooling: SpoolingTransport) -> Any:
+    """One `tools/call` through the lean leg, on the session the SDK opened: its outcome."""
+    sink, source = anyio.create_memory_object_stream[Any](0)
+    lean = HttpRawRequests(url, {}, spooling, lambda: None)
+    lean.attach(sink)
+    lean.session_ready()
+    settled = asyncio.get_running_loop().create_future()
+    async with source:
+        with anyio.fail_after(10):  # before: a stream kept open never settled the call
+            lean.start("tools/call", {"name": "x", "arguments": {}}, settled.set_result)
+            outcome = await settled
+    lean.detach()
+    return outcome
 
 
 @pytest.mark.parametrize("scenario", ["keep_open", "redirect", "resume", "priming", "multiline", "cr_only"])
@@ -292,3 +306,26 @@ async def test_a_connection_ended_at_once_leaves_no_client_behind() -> None:
         lean.detach()
         await asyncio.gather(*lean._tasks, return_exceptions=True)
         assert lean._client is None
+
+
+async def test_a_compressed_reply_is_spooled_by_its_text_not_its_compressed_length(tmp_path: Path) -> None:
+    """512 KB of text sent gzipped as ~1 KB: the leg reads it as a long body (its text spilled to a file
+    above the spiller's threshold), not as the short body its Content-Length suggests."""
+    upstream = Upstream("gzip_json")
+    async with serving(upstream) as url:
+        spooling = SpoolingTransport(Spiller(tmp_path / "spill", threshold=64 * 1024))
+        async with (
+            httpx2.AsyncClient(transport=spooling, timeout=httpx2.Timeout(30, read=None)) as http,
+            streamable_http_client(url, http_client=http) as (read, write),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            await session.list_tools()  # a POST of the session's: its headers are the leg's
+            outcome = await lean_call(url, spooling)
+    text = outcome["content"][0]["text"]
+    part = spill.of(text)
+    try:
+        assert part is not None, f"held in memory: {len(text)} characters"
+        assert spill.restored(outcome)["content"][0]["text"] == "a" * LONG_TEXT
+    finally:
+        spill.discard(outcome)

@@ -204,3 +204,21 @@ def load_settings_text(tmp_path: Path, text: str) -> Any:
     path.parent.mkdir(exist_ok=True)
     path.write_text(text, encoding="utf-8")
     return load_settings(path, environ={})
+
+
+async def test_a_serving_gateway_freezes_what_it_started_with_and_a_reload_thaws_it(tmp_path: Path) -> None:
+    """A serving gateway moves what it started with out of the collector's sight, a little after its
+    upstreams started; a reload that drops a server gives that back to the collector (the server's
+    objects are garbage now) and freezes again once the new state is up."""
+    cfg = write_config(tmp_path, {"a": probe("a"), "b": probe("b")})
+    config_text = cfg.read_text()
+    errlog_path = tmp_path / "gw.err"
+
+    def frozen() -> int:
+        return errlog_path.read_bytes().count(b"objects alive at start frozen")
+
+    async with stdio_gateway(cfg, errlog_path, ["-m", "gateway", "--config", str(cfg), "--verbose"]) as session:
+        await eventually(lambda: frozen() == 1, 20, "the start-up objects frozen")
+        save(cfg, config_text.replace(_table("a"), ""))
+        await eventually(lambda: frozen() == 2, 30, "frozen again after the reload")
+        assert text_of(await session.call_tool("b__whoami", {})) == "b"

@@ -70,8 +70,10 @@ async def _serve(settings: Settings, reload: Callable[[], Settings] | None) -> N
 
 
 async def _serving(gateway: Gateway) -> None:
-    """Once the upstreams started (or gave up): what lives as long as the process is frozen (`heap.serving`)."""
+    """A little after the upstreams started (or gave up), once the host's first listing is answered: what
+    lives as long as the process is frozen (`heap.serving`)."""
     from gateway.services import heap
 
     await gateway.wait_ready()
+    await anyio.sleep(heap.FREEZE_AFTER)
     heap.serving()

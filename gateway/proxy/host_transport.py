@@ -355,7 +355,9 @@ async def serve_http(gateway: Gateway, reload: Loader | None = None, ready: anyi
 
     cfg = gateway.settings.gateway
     app, manager = build_http_app(gateway)
-    config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning", lifespan="off")
+    config = uvicorn.Config(
+        app, host=cfg.host, port=cfg.port, log_level="warning", lifespan="off", http=compat.http_protocol()
+    )
     server = uvicorn.Server(config)
     compat.leave_signals_to_us(server)  # our handler stops the upstreams, then uvicorn
     async with anyio.create_task_group() as tg:

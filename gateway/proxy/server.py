@@ -39,7 +39,7 @@ from gateway.proxy.routing import URI_SEP, Route, RoutingTable
 from gateway.proxy.upstream import Upstream
 from gateway.proxy.upstream_spawn import Started
 from gateway.results import error_result
-from gateway.services import process_tree, spill
+from gateway.services import heap, process_tree, spill
 from gateway.services.context_levels import HostBridge
 from gateway.services.costs import definition_tokens
 from gateway.services.model_endpoint import ModelEndpoint
@@ -289,6 +289,8 @@ class Gateway:
         stopping = [self.upstreams[name] for name in change.removed + change.restarted]
         for upstream in stopping:
             upstream.stop()
+        if stopping and heap.thaw():  # they were frozen at start: the collector may free them now
+            asyncio.get_running_loop().call_later(heap.FREEZE_AFTER, heap.serving)
         with anyio.move_on_after(STOP_WAIT):
             for upstream in stopping:
                 await upstream.finished.wait()

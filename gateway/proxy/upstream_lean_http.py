@@ -318,10 +318,14 @@ class HttpRawRequests:
 
     async def _body(self, response: Any) -> Any:
         """A JSON body, spooled to disk as it streams once it is long (its long strings stay there); one
-        that says it is short is read whole."""
+        that says it is short, uncompressed (a compressed length says nothing of the text's), is read whole."""
         spiller = self.spooling.spiller
         length = response.content_length
-        if length is not None and length <= (spiller.threshold if spiller is not None else SHORT_BODY):
+        if (
+            length is not None
+            and length <= (spiller.threshold if spiller is not None else SHORT_BODY)
+            and response.headers.get("content-encoding", "identity").lower() == "identity"
+        ):
             try:
                 return json.loads(await response.read())
             except ValueError:

@@ -14,14 +14,19 @@ from __future__ import annotations
 
 import functools
 import gc
+import logging
 import threading
 import time
 from collections.abc import Callable
+
+log = logging.getLogger(__name__)
 
 # young passes every 10,000 allocations net (CPython's default: 700): a small call allocates hundreds, so
 # fewer passes find fewer of the calls in flight to promote; what is garbage is still found, a little later
 YOUNG_THRESHOLDS = (10_000, 20, 20)
 SETTLE_SECONDS = 0.3  # give_back_soon waits this long: the caller's reply is written and its text freed
+FREEZE_AFTER = 2.0  # seconds after the upstreams started (or a reload) before `serving` runs its full pass
+_frozen = False  # `serving` froze what was alive (and no reload thawed it since)
 
 
 @functools.cache
@@ -42,10 +47,26 @@ def collect_less() -> None:
 
 def serving() -> None:
     """Everything alive once the gateway serves (its imports, settings, upstream sessions) is moved out of
-    the collector's sight (`gc.freeze`): it lives as long as the process, and a full pass no longer walks
-    it. Called once, when the upstreams have started; what is frozen is never collected, so not in a
-    process that builds gateways over and over (the tests)."""
+    the collector's sight (`gc.freeze`), after one full pass (garbage is not frozen): it lives as long as
+    the process, and later passes no longer walk it. What is frozen is never collected: so not in a
+    process that builds gateways over and over (the tests), and thawed by a reload that drops upstreams
+    (`thaw`). Blocks for one full pass (tens of ms): called a little after the start, not during it."""
+    global _frozen
+    gc.collect()
     gc.freeze()
+    _frozen = True
+    log.info("collector: %d objects alive at start frozen", gc.get_freeze_count())
+
+
+def thaw() -> bool:
+    """Give back to the collector what `serving` froze (a reload's replaced upstreams are garbage among
+    it); True when anything was frozen, so that the caller freezes again once the new state is up."""
+    global _frozen
+    if not _frozen:
+        return False
+    gc.unfreeze()
+    _frozen = False
+    return True
 
 
 def give_back() -> None:

@@ -51,19 +51,26 @@ def test_give_back_soon_returns_the_pages_without_making_the_caller_wait() -> No
 
 def test_a_serving_process_collects_less_and_freezes_what_it_started_with() -> None:
     """In a process of its own (what is frozen stays for the process's life): the thresholds are the
-    serving ones, the start-up objects leave the collector's sight, and garbage made later is still
-    collected."""
+    serving ones; garbage already there is collected, not frozen; what was alive is frozen; an object
+    frozen and dropped later is freed once a reload thaws it; garbage made later is collected."""
     script = (
-        "import gc\n"
+        "import gc, weakref\n"
         "from gateway.services import heap\n"
-        "heap.collect_less()\n"
-        "started = len(gc.get_objects())\n"
-        "heap.serving()\n"
-        "print(gc.get_threshold() == heap.YOUNG_THRESHOLDS, gc.get_freeze_count() >= started)\n"
         "class Node: pass\n"
+        "heap.collect_less()\n"
+        "dead, kept = Node(), Node(); dead.me = dead; kept.me = kept\n"
+        "gone, held = weakref.ref(dead), weakref.ref(kept)\n"
+        "del dead\n"
+        "heap.serving()\n"
+        "print(gc.get_threshold() == heap.YOUNG_THRESHOLDS, gone() is None, gc.get_freeze_count() > 1000)\n"
+        "del kept\n"
+        "gc.collect()\n"
+        "print(held() is not None, heap.thaw(), heap.thaw())\n"
+        "gc.collect()\n"
+        "print(held() is None)\n"
         "a, b = Node(), Node(); a.other, b.other = b, a\n"
         "del a, b\n"
         "print(gc.collect() >= 2)\n"
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
-    assert out.stdout.split() == ["True", "True", "True"], out.stderr
+    assert out.stdout.split() == ["True", "True", "True", "True", "True", "False", "True", "True"], out.stderr
