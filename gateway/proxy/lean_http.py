@@ -51,7 +51,6 @@ from gateway.plugin import ToolCall
 from gateway.proxy.host_sessions import forwardable_meta, http_session_id, is_modern, scope_namespace
 from gateway.proxy.lean import Modern, Stamp, answered, plain_call
 from gateway.proxy.stdio_lines import json_line
-from gateway.proxy.upstream import maps_headers
 
 log = logging.getLogger("gateway.lean_http")
 
@@ -93,7 +92,6 @@ class LeanHttpFront:
         self.schema = schema  # a tool's input schema, for a 2026 host's Mcp-Param headers
         self.stamp = stamp  # the gateway's serverInfo, as 2026-era results carry it
         self._flights: dict[tuple[str, str | int], anyio.CancelScope] = {}  # (session, request id) -> its call
-        self._declared: dict[int, tuple[Any, bool]] = {}  # id(schema) -> (schema, names an x-mcp-header)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -154,12 +152,9 @@ class LeanHttpFront:
         if find_duplicated_routing_header(fields.items()) is None:
             route = classify_inbound_request(message, headers=dict(fields))
         arguments = params.get("arguments") or {}
-        # a schema that maps no argument to a header fails no request's headers (the SDK's check walks it twice)
         schema = self.schema(params["name"]) if arguments or any(k.startswith(b"mcp-param-") for k in headers) else None
         if not isinstance(route, InboundModernRoute) or (
-            schema is not None
-            and self._declares_headers(schema)
-            and validate_mcp_param_headers(schema, arguments, fields) is not None
+            schema is not None and validate_mcp_param_headers(schema, arguments, fields) is not None
         ):
             await self.app(scope, replay, send)  # the SDK tells the host what is wrong
             return
@@ -217,16 +212,6 @@ class LeanHttpFront:
             return None, receive
         body, replay = await _body(receive)
         return (_message(body) if body is not None else None), replay
-
-    def _declares_headers(self, schema: Any) -> bool:
-        """Whether a tool's input schema maps arguments to headers (looked at once per schema): only then
-        can the SDK's check refuse a request's `Mcp-Param-*` headers."""
-        known = self._declared.get(id(schema))
-        if known is None or known[0] is not schema:
-            if len(self._declared) >= 4096:  # the tools changed many times: start again
-                self._declared.clear()
-            known = self._declared[id(schema)] = (schema, maps_headers(schema))
-        return known[1]
 
     async def _acceptable(self, request: Request) -> bool:
         """The SDK's checks of a POST, before its body is read: Host and Origin, Accept, Content-Type."""

@@ -16,7 +16,7 @@ import mcp_types as types
 
 import gateway.compat as compat
 from gateway.proxy.definitions import DefinitionLedger
-from gateway.proxy.upstream import Upstream
+from gateway.proxy.upstream import Upstream, maps_headers
 from gateway.services.storage import Storage
 from gateway.settings import Settings
 
@@ -74,6 +74,9 @@ class RoutingTable:
         self.reserved = set(reserved or ())  # names of the gateway's own tools
         self.tools: dict[str, types.Tool] = {}
         self.tool_routes: dict[str, Route] = {}
+        # the tools whose input schema maps arguments to `Mcp-Param-*` headers (only their calls have
+        # headers the SDK's check can refuse): looked at once per definition, not per call
+        self.header_tools: frozenset[str] = frozenset()
         self.prompts: dict[str, types.Prompt] = {}
         self.prompt_routes: dict[str, Route] = {}
         self.collisions: list[str] = []
@@ -82,7 +85,8 @@ class RoutingTable:
         self.config_problems: list[str] = []  # tool overrides that name no tool, or give a name already taken
         self.frozen = settings.gateway.freeze_definitions
         self.ledger = DefinitionLedger(settings.gateway.workspace / "definitions.json", Storage(settings.storage))
-        self._checked: dict[tuple[str, str], str | None] = {}  # (server, definition) -> wire problem
+        # (server, definition) -> its wire problem, and whether its schema maps arguments to headers
+        self._checked: dict[tuple[str, str], tuple[str | None, bool]] = {}
         self.version = 0
         self.rebuild()
 
@@ -123,6 +127,7 @@ class RoutingTable:
     def rebuild(self) -> None:
         tools: dict[str, types.Tool] = {}
         routes: dict[str, Route] = {}
+        header_tools: set[str] = set()
         prompts: dict[str, types.Prompt] = {}
         prompt_routes: dict[str, Route] = {}
         owners: dict[str, str] = {name: "the gateway" for name in self.reserved}
@@ -161,13 +166,16 @@ class RoutingTable:
                     dropped.append(f"tool '{tool.name}' of server '{server}': its input schema was repaired")
                 key = (server, repaired.model_dump_json())
                 if key not in self._checked:
-                    self._checked[key] = wire_problem(repaired)
-                if problem := self._checked[key]:
+                    self._checked[key] = (wire_problem(repaired), maps_headers(repaired.input_schema))
+                problem, headed = self._checked[key]
+                if problem:
                     dropped.append(
                         f"tool '{tool.name}' of server '{server}' left out: hosts would reject it ({problem})"
                     )
                     continue
                 owners[name] = server
+                if headed:
+                    header_tools.add(name)
                 tools[name] = repaired
                 routes[name] = Route(server, tool.name)
             for prompt in sorted(up.prompts, key=lambda p: p.name):
@@ -190,6 +198,7 @@ class RoutingTable:
         if len(self._checked) > 10_000:  # definitions of upstreams long gone
             self._checked.clear()
         self.tools, self.tool_routes = tools, routes
+        self.header_tools = frozenset(header_tools)
         self.prompts, self.prompt_routes = prompts, prompt_routes
         self.collisions = collisions
         self.changed = changed

@@ -36,7 +36,7 @@ from gateway.proxy.lean import LeanFront, spawn, wire_result
 from gateway.proxy.notices import Notices
 from gateway.proxy.reload import STOP_WAIT, Plan
 from gateway.proxy.routing import URI_SEP, Route, RoutingTable
-from gateway.proxy.upstream import Upstream
+from gateway.proxy.upstream import Upstream, maps_headers
 from gateway.proxy.upstream_spawn import Started
 from gateway.results import error_result
 from gateway.services import heap, process_tree, spill
@@ -432,10 +432,13 @@ class Gateway:
     def _tool_input_schema(self, name: str) -> dict[str, Any] | None:
         """The schema the SDK checks a 2026-era HTTP host's `Mcp-Param-*` headers against. Without it the
         SDK ran the whole `tools/list` for every call with arguments (and the usage figures counted a
-        listing per call)."""
+        listing per call). None for a tool whose schema maps no argument to a header: no request's
+        headers can fail its check, which walked the schema twice per call."""
         spec = self.local_tools.get(name)
-        tool = spec.tool if spec is not None else self.routing.tools.get(name)
-        return tool.input_schema if tool is not None else None
+        if spec is not None:  # the gateway's own tools: few calls, each far costlier than the walk
+            return spec.tool.input_schema if maps_headers(spec.tool.input_schema) else None
+        tool = self.routing.tools.get(name)
+        return tool.input_schema if tool is not None and name in self.routing.header_tools else None
 
     def visible_tools(self, session_id: str | None = None, mode: str | None = None) -> list[types.Tool]:
         """What the host is shown: the gateway's own tools, the catalog meta-tools when any upstream is
