@@ -167,8 +167,8 @@ def main(clients: int, calls: int, era: str, rounds: int, before: str | None, pa
         relays = [
             ("HTTP relay (uvicorn + httpx, nothing parsed)", []),
             ("HTTP relay (uvicorn + aiohttp)", ["--client", "aiohttp"]),
+            ("TCP relay (bytes copied, HTTP not parsed)", ["--tcp"]),
         ]
-        relays.append(("TCP relay (bytes copied, HTTP not parsed)", ["--tcp"]))
         for label, how in relays:
             port = free_port()
             relay = [

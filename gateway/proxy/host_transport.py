@@ -105,9 +105,6 @@ SESSION_NOT_FOUND = b'{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message
 SESSIONS_IN_ALL = 10_000  # open session-bound HTTP sessions, every token's together (the SDK's own default cap)
 
 
-MCP_METHODS = frozenset(("GET", "HEAD", "POST", "DELETE"))  # Starlette's Route adds HEAD to a GET route
-
-
 class ByPath:
     """ASGI: a request for one of `routes`' paths, with one of its methods, goes straight to its endpoint;
     everything else to `app` (Starlette: its 404, 405, redirects). Starlette's router and its two error
@@ -340,14 +337,15 @@ def build_http_app(gateway: Gateway) -> tuple[Any, StreamableHTTPSessionManager]
     if tokens:
         endpoint = BearerAuth(endpoint, tokens, manager)
         metrics = BearerAuth(metrics, tokens)
-    mcp, stats = OneReading(endpoint), OneReading(metrics)
     app = Starlette(
         routes=[
-            Route("/mcp", endpoint=mcp, methods=["GET", "POST", "DELETE"]),
-            Route("/metrics", endpoint=stats, methods=["GET"]),
+            Route("/mcp", endpoint=OneReading(endpoint), methods=["GET", "POST", "DELETE"]),
+            Route("/metrics", endpoint=OneReading(metrics), methods=["GET"]),
         ]
     )
-    return ByPath(app, {"/mcp": (mcp, MCP_METHODS), "/metrics": (stats, frozenset(("GET", "HEAD")))}), manager
+    # the same endpoints and methods as Starlette's routes (with the HEAD it adds to a GET route)
+    direct = {route.path: (route.endpoint, frozenset(route.methods or ())) for route in app.routes}
+    return ByPath(app, direct), manager
 
 
 async def serve_http(gateway: Gateway, reload: Loader | None = None, ready: anyio.Event | None = None) -> None:

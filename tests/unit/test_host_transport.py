@@ -7,7 +7,9 @@ from typing import Any
 import anyio
 import pytest
 
-from gateway.proxy.host_transport import MCP_METHODS, ByPath
+from gateway.proxy.host_transport import ByPath
+
+MCP_METHODS = frozenset(("GET", "HEAD", "POST", "DELETE"))
 
 
 class Recorder:
