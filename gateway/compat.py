@@ -65,6 +65,19 @@ def direct_sinks(stream: Any) -> tuple[Callable[[bytes], Awaitable[None]], Calla
     return stream_sinks(writer)
 
 
+def direct_pipe_reads(process: Any) -> None:
+    """A child's pipe reads handed to their protocol inside the loop's read callback. asyncio's subprocess
+    transport defers each read by a turn of the loop (`call_soon`), which keeps the pipes' data in order
+    with `connection_made` while the pipes connect; once `open_process` returned, that is over (its
+    queued calls ran before it returned), and the extra turn is one more `epoll_wait` and loop pass per
+    upstream reply on the lean path. Other transports (Windows, another backend) are left as they are."""
+    transport = getattr(getattr(process, "_process", None), "_transport", None)
+    protocol = getattr(transport, "_protocol", None)
+    if protocol is None or not hasattr(transport, "_pipe_data_received") or transport._pending_calls is not None:
+        return
+    transport._pipe_data_received = protocol.pipe_data_received
+
+
 def stream_reader(stream: Any) -> Any:
     """The asyncio StreamReader under anyio's wrapper of a child's stdout, or None (another backend)."""
     import asyncio

@@ -51,6 +51,7 @@ async def linear_stdio_client(
     """
     if process is None:
         process = await spawn(command, args, inherited_environment() | (env or {}), cwd or None, errlog)
+    compat.direct_pipe_reads(process)
     read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](16)
     write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](16)
     send, write = compat.direct_sinks(process.stdin)
