@@ -58,6 +58,10 @@ MAX_BODY = 1024 * 1024  # a larger body goes to the SDK (its own limit answers w
 ENVELOPE = frozenset(("jsonrpc", "id", "method", "params"))
 SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 KEEPALIVE = 15.0  # seconds before a 2026-era answer becomes an SSE stream with pings (the SDK's interval)
+# seconds before a 2026-era call starts watching for its host leaving: a small call has its answer sooner,
+# and a watch per call (a task, its cancel) was ~5 % of such a call's CPU; a host that left earlier is
+# seen at once when the watch starts
+WATCH_AFTER = 0.1
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream"),
     (b"cache-control", b"no-cache, no-transform"),
@@ -161,29 +165,25 @@ class LeanHttpFront:
         session = Connection.from_envelope(route.protocol_version, route.client_info, route.client_capabilities)
         call = self._call(params, session, http_session_id(None, scope_namespace(scope)), scope)
         rid = message["id"]
-        work = asyncio.ensure_future(answered(rid, call.name, session, self.run_modern(call), self.stamp))
-        watch = asyncio.ensure_future(_cancel_on_disconnect(receive, work))
+        # the call runs in this task; what a long one needs (the host leaving, pings) starts only when it
+        # is still running WATCH_AFTER seconds in (`_Guard`)
+        guard = _Guard(receive, send, asyncio.current_task())
+        timer = asyncio.get_running_loop().call_later(WATCH_AFTER, guard.start)
         try:
-            done, _ = await asyncio.wait((work,), timeout=KEEPALIVE)
-            if work.cancelled():
-                return  # the host left: nobody to answer
-            if done:
-                answer = work.result()
-                await _json(send, ERROR_CODE_HTTP_STATUS.get(answer.get("error", {}).get("code"), 200), answer)
-                return
-            await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
-            while not done:
-                await send({"type": "http.response.body", "body": b": ping\r\n\r\n", "more_body": True})
-                done, _ = await asyncio.wait((work,), timeout=KEEPALIVE)
-            if work.cancelled():
-                return
-            data = b"event: message\r\ndata: " + json_line(work.result()).rstrip(b"\n") + b"\r\n\r\n"
-            await send({"type": "http.response.body", "body": data})
-        except BaseException:  # cancelled, or the host gone while pinged: the call stops with it
-            work.cancel()
-            raise
+            answer = await answered(rid, call.name, session, self.run_modern(call), self.stamp)
+        except asyncio.CancelledError:
+            if not guard.left:
+                raise
+            guard.task.uncancel()  # the guard's own cancel: the host left, nobody to answer
+            return
         finally:
-            watch.cancel()
+            timer.cancel()
+            guard.stop()
+        if guard.streaming:
+            data = b"event: message\r\ndata: " + json_line(answer).rstrip(b"\n") + b"\r\n\r\n"
+            await send({"type": "http.response.body", "body": data})
+            return
+        await _json(send, ERROR_CODE_HTTP_STATUS.get(answer.get("error", {}).get("code"), 200), answer)
 
     def _call(self, params: dict[str, Any], session: Any, sid: str, scope: dict[str, Any]) -> ToolCall:
         return ToolCall(
@@ -238,11 +238,50 @@ async def _json(
     await send({"type": "http.response.body", "body": body})
 
 
-async def _cancel_on_disconnect(receive: Any, work: asyncio.Future[Any]) -> None:
-    """A 2026-era host cancels by closing the response stream: the call stops (at the upstream too)."""
-    while (await receive()).get("type") != "http.disconnect":
-        pass
-    work.cancel()
+class _Guard:
+    """What a 2026-era call still running after WATCH_AFTER seconds needs beside it: a host that closes
+    the response stream cancels the call (at the upstream too: its task is cancelled, `left` says why),
+    and past KEEPALIVE seconds the answer becomes an SSE stream with a ping every KEEPALIVE seconds
+    (`streaming`: the call's own task then writes its answer as the stream's event), as the SDK's
+    single-exchange handler does. A host gone while pinged stops the call too."""
+
+    def __init__(self, receive: Any, send: Any, task: asyncio.Task[Any] | None) -> None:
+        assert task is not None
+        self.receive, self.send, self.task = receive, send, task
+        self.left = False
+        self.streaming = False
+        self._running: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._running = asyncio.ensure_future(self._watch())
+
+    def stop(self) -> None:
+        """The call is over: no more pings; its answer (if any) is written after this, by its own task."""
+        if self._running is not None:
+            self._running.cancel()
+
+    async def _watch(self) -> None:
+        gone = asyncio.ensure_future(self._disconnect())
+        try:
+            wait = max(0.0, KEEPALIVE - WATCH_AFTER)
+            while not (await asyncio.wait((gone,), timeout=wait))[0]:
+                if not self.streaming:
+                    await self.send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+                    self.streaming = True  # no wait between the write and here: a cancel cannot fall between
+                await self.send({"type": "http.response.body", "body": b": ping\r\n\r\n", "more_body": True})
+                wait = KEEPALIVE
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the host gone while pinged: the call stops with it
+            pass
+        finally:
+            gone.cancel()
+        self.left = True
+        self.task.cancel()
+
+    async def _disconnect(self) -> None:
+        while (await self.receive()).get("type") != "http.disconnect":
+            pass
 
 
 def _may_ask(session: Any) -> bool:
