@@ -70,7 +70,9 @@ def direct_pipe_reads(process: Any) -> None:
     transport defers each read by a turn of the loop (`call_soon`), which keeps the pipes' data in order
     with `connection_made` while the pipes connect; once `open_process` returned, that is over (its
     queued calls ran before it returned), and the extra turn is one more `epoll_wait` and loop pass per
-    upstream reply on the lean path. Other transports (Windows, another backend) are left as they are."""
+    upstream reply on the lean path. asyncio's Windows subprocess transport is one of these too (its
+    next read is queued the same way, so order holds); transports without these internals (uvloop,
+    another backend, the SDK's Windows fallback process) are left as they are."""
     transport = getattr(getattr(process, "_process", None), "_transport", None)
     protocol = getattr(transport, "_protocol", None)
     if protocol is None or not hasattr(transport, "_pipe_data_received") or transport._pending_calls is not None:

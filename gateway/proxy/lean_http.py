@@ -172,9 +172,10 @@ class LeanHttpFront:
         try:
             answer = await answered(rid, call.name, session, self.run_modern(call), self.stamp)
         except asyncio.CancelledError:
-            if not guard.left:
+            # the guard's own cancel (the host left, nobody to answer) ends the call quietly; any other
+            # cancel that came with it goes on
+            if not guard.left or guard.task.uncancel() > 0:
                 raise
-            guard.task.uncancel()  # the guard's own cancel: the host left, nobody to answer
             return
         finally:
             timer.cancel()
@@ -267,7 +268,9 @@ class _Guard:
             while not (await asyncio.wait((gone,), timeout=wait))[0]:
                 if not self.streaming:
                     await self.send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
-                    self.streaming = True  # no wait between the write and here: a cancel cannot fall between
+                    # uvicorn's send waits for the buffer before it writes, never after, and the front's
+                    # middlewares pass sends straight on: a `stop` cannot fall between the write and here
+                    self.streaming = True
                 await self.send({"type": "http.response.body", "body": b": ping\r\n\r\n", "more_body": True})
                 wait = KEEPALIVE
         except asyncio.CancelledError:

@@ -3,6 +3,7 @@ to the SDK, and that what it read reaches the SDK whole when it does not take a 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from typing import Any
@@ -188,3 +189,31 @@ async def test_a_2026_host_that_disconnects_cancels_its_call_and_gets_no_answer(
     with anyio.fail_after(10):
         await _front(run_modern)(_scope(body), _receive(body, leaves), send)
     assert cancelled.is_set() and sent == []
+
+
+async def test_a_shutdown_cancel_that_comes_with_the_hosts_leaving_still_stops_the_request(monkeypatch: Any) -> None:
+    """The guard cancels the request's task when the host leaves, and that cancel ends the call quietly;
+    another one in the same turn of the loop (the server shutting down) must still reach the task."""
+    body = json.dumps(MODERN_CALL).encode()
+    watch = lean_http._Guard._watch
+
+    async def and_shutdown(guard: Any) -> None:
+        await watch(guard)
+        guard.task.cancel("server shutting down")
+
+    monkeypatch.setattr(lean_http._Guard, "_watch", and_shutdown)
+
+    async def gone() -> dict[str, Any]:
+        return {"type": "http.disconnect"}
+
+    async def run_modern(call: Any) -> types.CallToolResult:
+        await anyio.sleep_forever()
+        raise AssertionError
+
+    async def send(message: dict[str, Any]) -> None:
+        raise AssertionError("answered a host that left")
+
+    request = asyncio.ensure_future(_front(run_modern)(_scope(body), _receive(body, gone), send))
+    with anyio.fail_after(10):
+        await asyncio.wait((request,))
+    assert request.cancelled()
