@@ -10,8 +10,9 @@ tools in one page, as a server built on the SDK's MCPServer with annotated tools
 of 5 and nothing declared, the calls of 2026-era hosts then stay on the gateway's session).
 The same run is made straight to the upstream, through the gateway (HTTP front, all plugins on; and
 with `lean_path` off), and through `http_relay.py`, relaying bytes without parsing them: uvicorn and
-httpx (the libraries of the SDK's path); uvicorn and aiohttp (those of the gateway's lean path: its
-front and its leg to the upstream, so the floor a lean call could reach); and a TCP relay copying
+httpx (the libraries of the SDK's path); uvicorn and aiohttp (the client the lean path used before);
+uvicorn and the lean path's own client (`gateway/proxy/upstream_client.py`: its front and its leg to the
+upstream, so the floor a lean call could reach); and a TCP relay copying
 bytes (the floor of any proxy process). Every path is warmed first with a few untimed calls, and every
 other round runs the paths in reverse order. Printed: calls per second, p50 / p99 latency, calls lost
 or failed (the target is none), and the CPU time (user + system, from /proc) each call cost the proxy
@@ -167,6 +168,7 @@ def main(clients: int, calls: int, era: str, rounds: int, before: str | None, pa
         relays = [
             ("HTTP relay (uvicorn + httpx, nothing parsed)", []),
             ("HTTP relay (uvicorn + aiohttp)", ["--client", "aiohttp"]),
+            ("HTTP relay (uvicorn + the lean path's client)", ["--client", "lean"]),
             ("TCP relay (bytes copied, HTTP not parsed)", ["--tcp"]),
         ]
         for label, how in relays:

@@ -4,6 +4,7 @@ and its reply streamed back, nothing parsed. `bench/concurrency.py` runs it besi
 
     python bench/http_relay.py PORT UPSTREAM_URL [UPSTREAM_URL ...]
     python bench/http_relay.py --client aiohttp PORT UPSTREAM_URL   (the same relay with aiohttp behind)
+    python bench/http_relay.py --client lean PORT UPSTREAM_URL      (with the lean path's own client behind)
     python bench/http_relay.py --tcp PORT UPSTREAM_URL              (bytes copied, not even HTTP parsed)
 
 With several upstreams it is the load balancer of `bench/replicas.py`: a request without an
@@ -12,9 +13,10 @@ upstream in turn; one with a session id goes where that session was opened (stic
 load balancer in front of gateway replicas must be: sessions and `input_required` rounds live in one
 process).
 
-`--client aiohttp` relays with the HTTP client of the gateway's lean path (its leg to Streamable HTTP
-upstreams): the floor a lean call could reach. `--tcp` is the floor of any proxy process on this
-machine: one more hop, asyncio copying bytes both ways.
+`--client lean` relays with the HTTP client of the gateway's lean path (`gateway/proxy/upstream_client.py`,
+its leg to Streamable HTTP upstreams): the floor a lean call could reach; `--client aiohttp` with the
+client that leg used before it. `--tcp` is the floor of any proxy process on this machine: one more hop,
+asyncio copying bytes both ways.
 """
 
 import asyncio
@@ -85,6 +87,28 @@ def aiohttp_app_for(upstream: str) -> Any:
     return app
 
 
+def lean_app_for(upstream: str) -> Any:
+    from gateway.proxy.upstream_client import UpstreamClient
+
+    client = UpstreamClient()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        body = await _body(receive)
+        headers = {k.decode(): v.decode() for k, v in scope["headers"] if k not in HOP and k != b"accept-encoding"}
+        exchange = client.post(upstream, body, headers) if scope["method"] == "POST" else client.get(upstream, headers)
+        async with exchange as response:
+            out = [(k.encode(), v.encode()) for k, v in response.headers.items() if k.encode() not in HOP]
+            out = [(k, v) for k, v in out if k != b"content-encoding"]  # the client undid it
+            await send({"type": "http.response.start", "status": response.status, "headers": out})
+            async for chunk in response.content.iter_any():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+
+    return app
+
+
 async def _body(receive: Any) -> bytes:
     body = b""
     while True:
@@ -121,6 +145,11 @@ if __name__ == "__main__":
     if args[0] == "--tcp":
         asyncio.run(tcp_relay(int(args[1]), args[2]))
     else:
-        app = aiohttp_app_for(args[3]) if args[:2] == ["--client", "aiohttp"] else app_for(args[1:])
+        if args[:2] == ["--client", "aiohttp"]:
+            app = aiohttp_app_for(args[3])
+        elif args[:2] == ["--client", "lean"]:
+            app = lean_app_for(args[3])
+        else:
+            app = app_for(args[1:])
         port = int(args[2] if args[0] == "--client" else args[0])
         uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")

@@ -81,7 +81,15 @@ def test_the_hook_a_host_runs_after_every_tool_call_loads_no_sdk() -> None:
 
 
 # what the modules of a stdio start (the front, the server, every plugin) must leave to the calls that need it
-CALL_ONLY = ("jsonschema", "duckdb", "markdown_it", "psycopg", "prometheus_client", "aiohttp", "jsonpath_ng")
+CALL_ONLY = (
+    "jsonschema",
+    "duckdb",
+    "markdown_it",
+    "psycopg",
+    "prometheus_client",
+    "gateway.proxy.upstream_client",
+    "jsonpath_ng",
+)
 
 
 def test_a_start_leaves_what_only_some_calls_need_unloaded() -> None:

@@ -2,7 +2,7 @@
 
 Through the SDK, every call to an HTTP upstream runs its client's per-POST task, memory streams, SSE
 handling and `ClientSession`, on httpx: measured, that leg was most of the gateway's CPU for a small
-call. Here the call's JSON-RPC request is POSTed with aiohttp (its HTTP parser is compiled) on the
+call. Here the call's JSON-RPC request is POSTed with the leg's own client (`upstream_client.py`) on the
 session the SDK opened (its `Mcp-Session-Id` and `MCP-Protocol-Version`, the configured headers), and the
 answer is read from the JSON body or the SSE events, as the SDK reads them:
 
@@ -94,7 +94,7 @@ class HttpRawRequests:
         self.heard = heard
         self._session: dict[str, str] | None = None  # the SDK session's headers, once it is ready
         self._inject: anyio.abc.ObjectSendStream[SessionMessage | Exception] | None = None
-        self._client: Any = None  # aiohttp.ClientSession, made on the first call (aiohttp loads lazily)
+        self._client: Any = None  # the UpstreamClient, made on the first call
         self._pending: dict[str, tuple[asyncio.Task[None], Settle]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._ids = itertools.count(1)
@@ -479,21 +479,16 @@ class HttpRawRequests:
         return {**self.headers, **(self._session or {}), **POST_HEADERS}
 
     def _connection(self) -> Any:
-        """The leg's aiohttp client, made on its first use."""
+        """The leg's HTTP client, made on its first use."""
         if self._client is not None:
             return self._client
-        import aiohttp
-        import httpcore2
+        from gateway.proxy.upstream_client import UpstreamClient
 
         # as the SDK's client connects: no proxy or .netrc from the environment (its httpx client has a
         # transport of its own, so it takes none), TLS trusted as httpcore trusts it (the system's store);
         # no total timeout (a long call's stream may be quiet for long: the call's own clock and the
         # health check notice a server that went away); connections are kept for the next call
-        self._client = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=None, connect=30),
-            trust_env=False,
-            connector=aiohttp.TCPConnector(ssl=httpcore2.default_ssl_context()),
-        )
+        self._client = UpstreamClient(tls=_tls_context)
         return self._client
 
     def _spawn(self, work: Any) -> asyncio.Task[None]:
@@ -621,6 +616,12 @@ def _shown(location: str, base: str) -> str:
 # ASCII: a lone surrogate in an argument stays an escape (the SDK's writer refuses to send one); one
 # encoder for all (`json.dumps` with separators makes one per call)
 _ENCODER = json.JSONEncoder(separators=(",", ":"))
+
+
+def _tls_context() -> Any:
+    import httpcore2
+
+    return httpcore2.default_ssl_context()
 
 
 def _encode(message: dict[str, Any]) -> bytes:
