@@ -28,6 +28,9 @@ import httptools
 
 CONNECT_SECONDS = 30.0  # as the leg's aiohttp client waited for a connection
 IDLE_PER_ORIGIN = 64  # connections kept for reuse per origin; more are closed once their response ended
+# a connection idle this long is not used again: servers close theirs after ~5 s (uvicorn's and Node's
+# default), and a request written as the server closes it would fail
+IDLE_SECONDS = 4.0
 HIGH_WATER = 256 * 1024  # bytes of body buffered before the socket's reading pauses
 
 
@@ -61,6 +64,7 @@ class _Connection(asyncio.Protocol):
         self.waiter: asyncio.Future[None] | None = None
         self.decoder: Any = None
         self.paused = False
+        self.idle_since = 0.0
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -300,14 +304,17 @@ class UpstreamClient:
         """A kept-alive connection to `origin` that is still open, else a new one."""
         if self.closed:
             raise ResponseError("the upstream client is closed")
+        loop = asyncio.get_running_loop()
         idle = self._idle.get(origin)
         while idle:
             connection = idle.pop()
-            if not connection.lost and connection.transport is not None and not connection.transport.is_closing():
+            transport = connection.transport
+            fresh = loop.time() - connection.idle_since < IDLE_SECONDS
+            if fresh and not connection.lost and transport is not None and not transport.is_closing():
                 return connection
             self._open.discard(connection)
+            connection.close()
         scheme, host, port = origin
-        loop = asyncio.get_running_loop()
         if scheme == "https" and self._ssl is None:
             self._ssl = self._tls()
         secure = self._ssl if scheme == "https" else None
@@ -325,6 +332,7 @@ class UpstreamClient:
         server keeps it open; closed otherwise (a body half read cannot be skipped safely)."""
         idle = self._idle.setdefault(connection.origin, [])
         if not self.closed and connection.reusable() and len(idle) < IDLE_PER_ORIGIN:
+            connection.idle_since = asyncio.get_running_loop().time()
             idle.append(connection)
             return
         self._open.discard(connection)

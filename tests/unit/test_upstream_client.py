@@ -252,3 +252,18 @@ async def test_closing_the_client_ends_a_response_still_streaming() -> None:
             await client.close()
             with anyio.fail_after(5), pytest.raises(ResponseError):
                 await anext(chunks)
+
+
+async def test_a_connection_idle_too_long_is_closed_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server closes its idle connections after a few seconds; one idle longer than IDLE_SECONDS is
+    not written to (the request would cross the server's close)."""
+    from gateway.proxy import upstream_client
+
+    monkeypatch.setattr(upstream_client, "IDLE_SECONDS", 0.0)
+    async with Server(_echo_json) as server:
+        client = UpstreamClient()
+        for _ in range(3):
+            await _post(client, server.url, b"{}")
+        assert len(client._open) == 1  # the stale ones were closed, not kept
+        await client.close()
+    assert server.connections == 3
