@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import ssl
 import zlib
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import httptools
 
@@ -31,7 +30,11 @@ IDLE_PER_ORIGIN = 64  # connections kept for reuse per origin; more are closed o
 # a connection idle this long is not used again: servers close theirs after ~5 s (uvicorn's and Node's
 # default), and a request written as the server closes it would fail
 IDLE_SECONDS = 4.0
+PATH_SAFE = "/%:@!$&'()*+,;=-._~"  # RFC 3986's path characters, and `%` (already encoded)
+QUERY_SAFE = PATH_SAFE + "?"
 HIGH_WATER = 256 * 1024  # bytes of body buffered before the socket's reading pauses
+MAX_HEAD = 64 * 1024  # bytes of a response's status line and headers (aiohttp: 8190 a line)
+DECODED_CHUNK = 256 * 1024  # the most a compressed body hands out at once (a gzip bomb stays small)
 
 
 class ResponseError(ConnectionError):
@@ -65,6 +68,11 @@ class _Connection(asyncio.Protocol):
         self.decoder: Any = None
         self.paused = False
         self.idle_since = 0.0
+        self.flushed = False
+        self.expecting = False  # a request was written and its final response has not ended
+        self.informational = False  # the message being parsed is a 1xx, skipped
+        self.head_bytes = 0
+        self.status = 0
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -73,9 +81,17 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self._fail(ResponseError(f"the upstream's response is not valid HTTP: {exc}"))
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+            if self.expecting:  # bytes after a response that ended (or while idle) spoil only the connection
+                self._fail(ResponseError(f"the upstream's response is not valid HTTP: {exc}"))
+            self.keep_alive = False
             self.close()
+            return
+        if self.head is not None and not self.head.done():  # the head (1xx ones too) is still coming
+            self.head_bytes += len(data)
+            if self.head_bytes > MAX_HEAD:  # httptools keeps a header line whole, however long
+                self._fail(ResponseError(f"the upstream's response head is longer than {MAX_HEAD} bytes"))
+                self.close()
 
     def eof_received(self) -> bool | None:
         return None  # the transport closes itself; connection_lost follows
@@ -90,18 +106,24 @@ class _Connection(asyncio.Protocol):
 
     # httptools' callbacks
     def on_message_begin(self) -> None:
+        if not self.expecting:  # a response nobody asked for (a second one, bytes while idle)
+            raise ResponseError("a response the client did not ask for")
         self.headers = Headers()
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
 
     def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        self.informational = 100 <= status < 200 and status != 101
+        if self.informational:  # 100 Continue, 103 Early Hints: the response proper follows
+            return
+        self.status = status
         encoding = self.headers.get("content-encoding", "").strip().lower()
         if encoding == "gzip":
             self.decoder = zlib.decompressobj(16 + zlib.MAX_WBITS)
         elif encoding == "deflate":
             self.decoder = _Deflate()
-        status = self.parser.get_status_code()
         self.keep_alive = self.parser.should_keep_alive()  # asked now: the parser forgets it at the message's end
         self.until_eof = (
             "content-length" not in self.headers
@@ -113,13 +135,6 @@ class _Connection(asyncio.Protocol):
             self.head.set_result(None)
 
     def on_body(self, body: bytes) -> None:
-        if self.decoder is not None:
-            try:
-                body = self.decoder.decompress(body)
-            except zlib.error as exc:
-                self._fail(ResponseError(f"the upstream's body cannot be decompressed: {exc}"))
-                self.close()
-                return
         if body:
             self.chunks.append(body)
             self.buffered += len(body)
@@ -129,6 +144,10 @@ class _Connection(asyncio.Protocol):
             self._wake()
 
     def on_message_complete(self) -> None:
+        if self.informational:
+            self.informational = False
+            return
+        self.expecting = False
         self._ended()
 
     # the exchange's side
@@ -136,16 +155,43 @@ class _Connection(asyncio.Protocol):
         assert self.transport is not None
         self.head = asyncio.get_running_loop().create_future()
         self.complete, self.chunks, self.buffered, self.decoder, self.keep_alive = False, deque(), 0, None, False
+        self.expecting, self.flushed, self.head_bytes = True, False, 0
+        if self.paused:
+            self.paused = False
+            self.transport.resume_reading()
         self.transport.write(data)
         return self.head
 
     async def chunk(self) -> bytes | None:
         """The body's next bytes as they came; None at its end. Raises ResponseError if it broke off."""
+        while True:
+            data = await self._raw()
+            if self.decoder is None:
+                return data
+            try:
+                if data is None:
+                    if self.flushed:
+                        return None
+                    self.flushed = True
+                    return self.decoder.flush() or None
+                out = self.decoder.decompress(data, DECODED_CHUNK)
+                tail = self.decoder.unconsumed_tail
+            except zlib.error as exc:
+                self._fail(ResponseError(f"the upstream's body cannot be decompressed: {exc}"))
+                self.close()
+                raise self.failure from None
+            if tail:  # put back what is not decoded yet (still counted as buffered)
+                self.chunks.appendleft(tail)
+                self.buffered += len(tail)
+            if out:
+                return out
+
+    async def _raw(self) -> bytes | None:
         while not self.chunks:
-            if self.failure is not None:
-                raise self.failure
             if self.complete:
                 return None
+            if self.failure is not None:
+                raise self.failure
             self.waiter = asyncio.get_running_loop().create_future()
             try:
                 await self.waiter
@@ -161,17 +207,18 @@ class _Connection(asyncio.Protocol):
     def reusable(self) -> bool:
         return self.complete and not self.lost and self.failure is None and self.keep_alive and not self.until_eof
 
+    def forget(self) -> None:
+        """An ended response's unread bytes are not kept while the connection waits idle."""
+        self.chunks, self.buffered, self.decoder = deque(), 0, None
+        if self.paused and self.transport is not None:
+            self.paused = False
+            self.transport.resume_reading()
+
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
 
     def _ended(self) -> None:
-        if self.decoder is not None:
-            with contextlib.suppress(zlib.error):
-                rest = self.decoder.flush()
-                if rest:
-                    self.chunks.append(rest)
-                    self.buffered += len(rest)
         self.complete = True
         self._wake()
 
@@ -194,13 +241,17 @@ class _Deflate:
     def __init__(self) -> None:
         self._inner: Any = None
 
-    def decompress(self, data: bytes) -> bytes:
+    @property
+    def unconsumed_tail(self) -> bytes:
+        return self._inner.unconsumed_tail if self._inner is not None else b""
+
+    def decompress(self, data: bytes, max_length: int = 0) -> bytes:
         if self._inner is None:
             if not data:
                 return b""
             wrapped = (data[0] & 0x0F) == 8 and ((data[0] << 8) | (data[1] if len(data) > 1 else 0)) % 31 == 0
             self._inner = zlib.decompressobj(zlib.MAX_WBITS if wrapped else -zlib.MAX_WBITS)
-        return self._inner.decompress(data)
+        return self._inner.decompress(data, max_length)
 
     def flush(self) -> bytes:
         return self._inner.flush() if self._inner is not None else b""
@@ -212,7 +263,7 @@ class Response:
 
     def __init__(self, connection: _Connection) -> None:
         self._connection = connection
-        self.status = connection.parser.get_status_code()
+        self.status = connection.status
         self.headers = connection.headers
         length = self.headers.get("content-length")
         self.content_length = int(length) if length is not None and length.strip().isdigit() else None
@@ -240,8 +291,8 @@ class _Exchange:
         try:
             await connection.send(data)
         except BaseException:
-            connection.close()
             self._connection = None
+            self._client.release(connection)  # not reusable: closed, and out of the open set
             raise
         return Response(connection)
 
@@ -281,7 +332,10 @@ class UpstreamClient:
         shown = f"[{host}]" if ":" in host else host
         if parts.port is not None and port != (443 if scheme == "https" else 80):
             shown += f":{port}"
-        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        # as a URL library sends it: what may not stand in a path or query percent-encoded (a `%` kept)
+        target = quote(parts.path or "/", safe=PATH_SAFE) + (
+            f"?{quote(parts.query, safe=QUERY_SAFE)}" if parts.query else ""
+        )
         lines = [f"{method} {target} HTTP/1.1", f"host: {shown}"]
         if parts.username is not None:
             user = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
@@ -318,12 +372,10 @@ class UpstreamClient:
         if scheme == "https" and self._ssl is None:
             self._ssl = self._tls()
         secure = self._ssl if scheme == "https" else None
-        _, connection = await asyncio.wait_for(
-            loop.create_connection(
+        async with asyncio.timeout(CONNECT_SECONDS):  # not wait_for: on 3.11 it can swallow a cancel
+            _, connection = await loop.create_connection(
                 lambda: _Connection(origin), host, port, ssl=secure, server_hostname=host if secure else None
-            ),
-            CONNECT_SECONDS,
-        )
+            )
         self._open.add(connection)
         return connection
 
@@ -331,8 +383,14 @@ class UpstreamClient:
         """A response left: its connection kept for the next request if it was read to the end and the
         server keeps it open; closed otherwise (a body half read cannot be skipped safely)."""
         idle = self._idle.setdefault(connection.origin, [])
+        now = asyncio.get_running_loop().time()
+        while idle and now - idle[0].idle_since >= IDLE_SECONDS:  # the oldest first: not kept open for nothing
+            stale = idle.pop(0)
+            self._open.discard(stale)
+            stale.close()
         if not self.closed and connection.reusable() and len(idle) < IDLE_PER_ORIGIN:
-            connection.idle_since = asyncio.get_running_loop().time()
+            connection.forget()
+            connection.idle_since = now
             idle.append(connection)
             return
         self._open.discard(connection)
@@ -342,6 +400,8 @@ class UpstreamClient:
         """Every connection closed, those of requests still running too (their reads then fail)."""
         self.closed = True
         for connection in list(self._open):
+            if not connection.complete:  # a body ended by the close is cut off here, not complete
+                connection._fail(ResponseError("the upstream client was closed"))
             connection.close()
         self._open.clear()
         self._idle.clear()

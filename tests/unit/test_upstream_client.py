@@ -267,3 +267,99 @@ async def test_a_connection_idle_too_long_is_closed_not_used(monkeypatch: pytest
         assert len(client._open) == 1  # the stale ones were closed, not kept
         await client.close()
     assert server.connections == 3
+
+
+async def test_an_early_hint_before_the_answer_is_skipped() -> None:
+    async def hinted(request: bytes, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 103 Early Hints\r\nlink: </x>; rel=preload\r\n\r\n")
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.05)  # the server works on the answer: the hints arrive alone
+        return await _echo_json(request, writer)
+
+    async with Server(hinted) as server:
+        client = UpstreamClient()
+        for i in range(3):
+            assert await _post(client, server.url, b'{"n": %d}' % i) == (
+                200,
+                {"content-type": "application/json", "content-length": "8"},
+                b'{"n": %d}' % i,
+            )
+        await client.close()
+
+
+async def test_a_response_nobody_asked_for_never_reaches_the_next_call() -> None:
+    """A server that writes two responses (or more body than it said) spoils only its connection."""
+
+    async def doubled(request: bytes, writer: asyncio.StreamWriter) -> bool:
+        await _echo_json(request, writer)
+        writer.write(_json_reply(b'{"stray": true}', b"x-stray: 1\r\n"))
+        return True
+
+    async with Server(doubled) as server:
+        client = UpstreamClient()
+        for i in range(3):
+            status, headers, body = await _post(client, server.url, b'{"n": %d}' % i)
+            assert (status, body, headers.get("x-stray")) == (200, b'{"n": %d}' % i, None)
+        await client.close()
+
+
+async def test_a_gzip_bomb_streams_in_bounded_pieces() -> None:
+    """1 MB on the wire that inflates to 256 MB: handed out a bounded piece at a time, never whole."""
+    packer = zlib.compressobj(wbits=16 + zlib.MAX_WBITS)
+    zeros = bytes(1 << 20)
+    packed = b"".join(packer.compress(zeros) for _ in range(256)) + packer.flush()
+
+    async def bomb(request: bytes, writer: asyncio.StreamWriter) -> bool:
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-encoding: gzip\r\ncontent-length: %d\r\n\r\n%s" % (len(packed), packed)
+        )
+        return True
+
+    async with Server(bomb) as server:
+        client = UpstreamClient()
+        total = largest = 0
+        async with client.post(server.url, data=b"{}", headers={}) as response:
+            async for chunk in response.content.iter_any():
+                total, largest = total + len(chunk), max(largest, len(chunk))
+        assert total == 256 << 20 and largest <= 1 << 20
+        await client.close()
+
+
+async def test_a_large_answer_left_unread_does_not_stall_the_next_call_on_its_connection() -> None:
+    """A whole body that was never read (an error page, say) is dropped when its connection is kept,
+    and the connection's reading, paused while the body waited, goes on."""
+    big = b"e" * (300 << 10)  # over the client's buffer: its last read pauses the socket's reading
+
+    async def error_then_echo(request: bytes, writer: asyncio.StreamWriter) -> bool:
+        if b"first" in request:
+            writer.write(b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: %d\r\n\r\n%s" % (len(big), big))
+            await writer.drain()
+            return True
+        return await _echo_json(request, writer)
+
+    async with Server(error_then_echo) as server:
+        client = UpstreamClient()
+        async with client.post(server.url, data=b"first", headers={}) as response:
+            assert response.status == 500
+            with anyio.fail_after(5):  # the whole body arrives
+                while not response._connection.complete:
+                    await asyncio.sleep(0.01)
+        with anyio.fail_after(10):
+            assert (await _post(client, server.url, b'{"next": 1}'))[2] == b'{"next": 1}'
+        await client.close()
+
+
+async def test_a_response_head_without_end_is_refused_at_its_cap() -> None:
+    async def endless_head(request: bytes, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\nx-long: ")
+        for _ in range(64):  # 4 MB of one header, never ended
+            writer.write(b"a" * 65536)
+            await writer.drain()
+        return True
+
+    async with Server(endless_head) as server:
+        client = UpstreamClient()
+        with anyio.fail_after(10), pytest.raises(ResponseError, match="head"):
+            await _post(client, server.url, b"{}")
+        await client.close()
