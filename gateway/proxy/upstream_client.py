@@ -26,6 +26,7 @@ from urllib.parse import quote, unquote, urlsplit
 import httptools
 
 CONNECT_SECONDS = 30.0  # as the leg's aiohttp client waited for a connection
+MAX_IN_FLIGHT = 100  # requests at once per client (one upstream's leg)
 IDLE_PER_ORIGIN = 64  # connections kept for reuse per origin; more are closed once their response ended
 # a connection idle this long is not used again: servers close theirs after ~5 s (uvicorn's and Node's
 # default), and a request written as the server closes it would fail
@@ -287,19 +288,27 @@ class _Exchange:
 
     async def __aenter__(self) -> Response:
         origin, data = self._client.request_bytes(self._method, self._url, self._body, self._headers)
-        connection = self._connection = await self._client.connection(origin)
+        slots = self._client.slots
+        await slots.acquire()
+        try:
+            connection = await self._client.connection(origin)
+        except BaseException:
+            slots.release()
+            raise
         try:
             await connection.send(data)
         except BaseException:
-            self._connection = None
             self._client.release(connection)  # not reusable: closed, and out of the open set
+            slots.release()
             raise
+        self._connection = connection
         return Response(connection)
 
     async def __aexit__(self, *exc: object) -> None:
         connection, self._connection = self._connection, None
         if connection is not None:
             self._client.release(connection)
+            self._client.slots.release()
 
 
 class UpstreamClient:
@@ -311,6 +320,9 @@ class UpstreamClient:
         self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
         self._open: set[_Connection] = set()
         self.closed = False
+        # requests at once, as aiohttp's connector limited them: more wait for one to end (each holds a
+        # socket; a flood of long calls would otherwise run the process out of file descriptors)
+        self.slots = asyncio.Semaphore(MAX_IN_FLIGHT)
 
     def post(self, url: str, data: bytes, headers: dict[str, str], allow_redirects: bool = False) -> _Exchange:
         return _Exchange(self, "POST", url, data, headers)

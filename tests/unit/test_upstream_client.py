@@ -363,3 +363,32 @@ async def test_a_response_head_without_end_is_refused_at_its_cap() -> None:
         with anyio.fail_after(10), pytest.raises(ResponseError, match="head"):
             await _post(client, server.url, b"{}")
         await client.close()
+
+
+async def test_requests_beyond_the_limit_wait_for_a_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each request holds a socket: past MAX_IN_FLIGHT at once the next waits for one to end."""
+    from gateway.proxy import upstream_client
+
+    monkeypatch.setattr(upstream_client, "MAX_IN_FLIGHT", 2)
+    release = asyncio.Event()
+    at_once = most = 0
+
+    async def slow(request: bytes, writer: asyncio.StreamWriter) -> bool:
+        nonlocal at_once, most
+        at_once += 1
+        most = max(most, at_once)
+        await release.wait()
+        at_once -= 1
+        return await _echo_json(request, writer)
+
+    async with Server(slow) as server:
+        client = UpstreamClient()
+        calls = [asyncio.ensure_future(_post(client, server.url, b'{"n": %d}' % i)) for i in range(5)]
+        with anyio.fail_after(5):
+            while at_once < 2:
+                await asyncio.sleep(0.01)
+        release.set()
+        with anyio.fail_after(10):
+            answers = await asyncio.gather(*calls)
+        assert [a[2] for a in answers] == [b'{"n": %d}' % i for i in range(5)] and most == 2
+        await client.close()
