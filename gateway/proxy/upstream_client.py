@@ -155,11 +155,8 @@ class _Connection(asyncio.Protocol):
     def send(self, data: bytes) -> asyncio.Future[None]:
         assert self.transport is not None
         self.head = asyncio.get_running_loop().create_future()
-        self.complete, self.chunks, self.buffered, self.decoder, self.keep_alive = False, deque(), 0, None, False
-        self.expecting, self.flushed, self.head_bytes = True, False, 0
-        if self.paused:
-            self.paused = False
-            self.transport.resume_reading()
+        self.forget()
+        self.complete, self.keep_alive, self.expecting, self.flushed, self.head_bytes = False, False, True, False, 0
         self.transport.write(data)
         return self.head
 
@@ -200,17 +197,19 @@ class _Connection(asyncio.Protocol):
                 self.waiter = None
         data = self.chunks.popleft()
         self.buffered -= len(data)
-        if self.paused and self.buffered <= HIGH_WATER // 4 and self.transport is not None:
-            self.paused = False
-            self.transport.resume_reading()
+        if self.buffered <= HIGH_WATER // 4:
+            self._resume()
         return data
 
     def reusable(self) -> bool:
         return self.complete and not self.lost and self.failure is None and self.keep_alive and not self.until_eof
 
     def forget(self) -> None:
-        """An ended response's unread bytes are not kept while the connection waits idle."""
+        """A response's unread bytes dropped (the connection waits idle, or takes the next request)."""
         self.chunks, self.buffered, self.decoder = deque(), 0, None
+        self._resume()
+
+    def _resume(self) -> None:
         if self.paused and self.transport is not None:
             self.paused = False
             self.transport.resume_reading()
