@@ -181,6 +181,8 @@ class _Connection(asyncio.Protocol):
             if tail:  # put back what is not decoded yet (still counted as buffered)
                 self.chunks.appendleft(tail)
                 self.buffered += len(tail)
+                # a few KB on the wire can hold hundreds of MB: other callers get the loop between pieces
+                await asyncio.sleep(0)
             if out:
                 return out
 

@@ -305,7 +305,8 @@ async def test_a_response_nobody_asked_for_never_reaches_the_next_call() -> None
 
 
 async def test_a_gzip_bomb_streams_in_bounded_pieces() -> None:
-    """1 MB on the wire that inflates to 256 MB: handed out a bounded piece at a time, never whole."""
+    """1 MB on the wire that inflates to 256 MB: handed out a bounded piece at a time, never whole, and
+    other callers get the loop between the pieces."""
     packer = zlib.compressobj(wbits=16 + zlib.MAX_WBITS)
     zeros = bytes(1 << 20)
     packed = b"".join(packer.compress(zeros) for _ in range(256)) + packer.flush()
@@ -318,11 +319,21 @@ async def test_a_gzip_bomb_streams_in_bounded_pieces() -> None:
 
     async with Server(bomb) as server:
         client = UpstreamClient()
-        total = largest = 0
+        total = largest = turns = 0
+
+        async def other_caller() -> None:  # how often the loop gets to run someone else meanwhile
+            nonlocal turns
+            while True:
+                await asyncio.sleep(0)
+                turns += 1
+
+        beside = asyncio.ensure_future(other_caller())
         async with client.post(server.url, data=b"{}", headers={}) as response:
             async for chunk in response.content.iter_any():
                 total, largest = total + len(chunk), max(largest, len(chunk))
+        beside.cancel()
         assert total == 256 << 20 and largest <= 1 << 20
+        assert turns >= 256  # between the pieces, not once per read of the wire (a few KB hold all of it)
         await client.close()
 
 
