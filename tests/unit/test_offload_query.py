@@ -536,4 +536,6 @@ def test_a_wildcard_over_a_mid_sized_result_runs_in_a_worker(tmp_path: Path, mon
     plain = tool.slice(Args({"path": saved.id, "json_path": "data.5.name"}, "t"), 500)
     assert not ops and plain["value"] == "n5", plain
     found = tool.slice(Args({"path": saved.id, "json_path": "$..name"}, "t"), 500)
-    assert ops == ["slice"] and found["total"] == 20_000, found
+    # the answer's note (the rest of the matches) starts the tables' conversion in the background: its
+    # worker may have started by now too, beside the one slice
+    assert [op for op in ops if op != "convert"] == ["slice"] and found["total"] == 20_000, found
