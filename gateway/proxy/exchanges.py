@@ -41,6 +41,7 @@ from gateway.results import error_result
 
 ANSWER_WAIT = 600.0  # how long a question waits for the host's retry; then the upstream hears "decline"
 KEEP_FINISHED = 60.0  # a result nobody came back for is dropped after this
+MAX_KEPT_PER_NAMESPACE = 64  # and one namespace's results waiting for their retry: beyond, its oldest go
 MAX_PER_NAMESPACE = 64  # open rounds (a question out, its answer awaited) one namespace may hold
 MAX_EXCHANGES = 1024  # and all of them (calls merely in flight are not rounds: never counted)
 REPLICA = secrets.token_hex(4)  # this process, as the first part of every requestState it issues
@@ -129,6 +130,8 @@ class Exchange:
     def finish_now(self, result: types.CallToolResult) -> None:
         self.finished_at = time.monotonic()
         self._outcomes.put_nowait(result)
+        if self._rounds is not None:
+            self._rounds.kept(self)
 
     def cancel(self) -> None:
         """Stop the upstream call: its task's scope, or a task-free call's `halt`."""
@@ -148,16 +151,45 @@ class Exchanges:
     def __init__(self) -> None:
         self.open: dict[str, Exchange] = {}
         self.rounds: dict[str, Exchange] = {}  # those with a question out, oldest first (the quotas count these)
+        # finished calls still open (a result waits for the host's retry, or its call's own task is about
+        # to take it), in the order they finished, by namespace: dropped from the oldest, so a new call
+        # never walks the open ones (a caller holding thousands made every caller's call take milliseconds)
+        self._kept: dict[str, dict[str, None]] = {}
 
     def new(self, namespace: str) -> Exchange:
         """Every 2026-era call's exchange; only its questions count against the quotas (`opened`)."""
-        now = time.monotonic()
-        for token, ex in list(self.open.items()):  # results nobody came back for
-            if ex.finished_at is not None and now - ex.finished_at > KEEP_FINISHED:
-                del self.open[token]
+        self._drop_old(time.monotonic())
         exchange = Exchange(namespace, self)
         self.open[exchange.token] = exchange
         return exchange
+
+    def kept(self, exchange: Exchange) -> None:
+        """`exchange` finished: its result is kept for the retry for KEEP_FINISHED seconds, and of one
+        namespace's the newest MAX_KEPT_PER_NAMESPACE only (a retry of a dropped one is told it expired)."""
+        if self.open.get(exchange.token) is not exchange:
+            return
+        kept = self._kept.setdefault(exchange.namespace, {})
+        kept[exchange.token] = None
+        while len(kept) > MAX_KEPT_PER_NAMESPACE:
+            self._drop(next(iter(kept)))
+
+    def _drop_old(self, now: float) -> None:
+        """Results nobody came back for, oldest first, until a recent one."""
+        for namespace, kept in list(self._kept.items()):
+            while kept:
+                token = next(iter(kept))
+                ex = self.open.get(token)
+                if ex is not None and ex.finished_at is not None and now - ex.finished_at <= KEEP_FINISHED:
+                    break
+                self._drop(token)
+            if not kept:
+                del self._kept[namespace]
+
+    def _drop(self, token: str) -> None:
+        ex = self.open.pop(token, None)
+        if ex is not None:
+            self.rounds.pop(token, None)
+            self._kept.get(ex.namespace, {}).pop(token, None)
 
     def opened(self, exchange: Exchange) -> None:
         """A question goes out: a round opens. Over a quota the oldest open round goes (its upstream call
@@ -186,6 +218,9 @@ class Exchanges:
     def close(self, exchange: Exchange) -> None:
         self.open.pop(exchange.token, None)
         self.rounds.pop(exchange.token, None)
+        kept = self._kept.get(exchange.namespace)
+        if kept is not None and kept.pop(exchange.token, 0) is None and not kept:
+            del self._kept[exchange.namespace]
 
     @staticmethod
     def elsewhere(token: str) -> bool:

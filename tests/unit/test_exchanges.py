@@ -8,6 +8,7 @@ from gateway.proxy import exchanges
 from gateway.proxy.exchanges import Exchanges
 
 pytestmark = pytest.mark.anyio
+DONE = types.CallToolResult(content=[types.TextContent(text="done")])
 
 
 async def test_question_answer_and_result() -> None:
@@ -47,12 +48,30 @@ async def test_an_unanswered_question_is_declined(monkeypatch: pytest.MonkeyPatc
     assert await ex.ask(types.ListRootsRequest()) is None and not ex.waiting
 
 
-async def test_results_nobody_came_back_for_are_dropped() -> None:
+async def test_results_nobody_came_back_for_are_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
     registry = Exchanges()
-    old = registry.new("")
-    old.finished_at = 0.0  # long ago
+    old, running = registry.new(""), registry.new("")
+    old.finish_now(DONE)
+    monkeypatch.setattr(exchanges, "KEEP_FINISHED", -1.0)  # every finished one is old now
     registry.new("")
-    assert old.token not in registry.open and len(registry.open) == 1
+    assert old.token not in registry.open and running.token in registry.open and len(registry.open) == 2
+
+
+async def test_a_namespace_keeps_its_newest_results_only_and_never_anothers() -> None:
+    """alice's results waiting for retries beyond her share go, oldest first (a retry of one is told it
+    expired); bob's waiting result and everyone's calls still running stay; a result taken leaves nothing."""
+    registry = Exchanges()
+    bobs, running = registry.new("bob"), registry.new("alice")
+    bobs.finish_now(DONE)
+    alices = [registry.new("alice") for _ in range(exchanges.MAX_KEPT_PER_NAMESPACE + 5)]
+    for ex in alices:
+        ex.finish_now(DONE)
+    assert all(registry.find(ex.token, "alice") is None for ex in alices[:5])
+    assert all(registry.find(ex.token, "alice") is ex for ex in alices[5:])
+    assert registry.find(bobs.token, "bob") is bobs and registry.find(running.token, "alice") is running
+    for ex in [bobs, *alices]:
+        registry.close(ex)
+    assert list(registry.open) == [running.token] and not registry._kept
 
 
 async def test_one_namespace_cannot_evict_another_and_an_evicted_round_is_cancelled() -> None:
