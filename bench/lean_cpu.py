@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import cProfile
 import json
 import os
@@ -18,6 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 
@@ -39,10 +41,10 @@ class Host:
     async def send_prompt_list_changed(self) -> None: ...
 
 
-async def main(n: int, profile: bool, plugins: list[str], era: str) -> None:
+async def main(n: int, profile: bool, plugins: list[str], era: str, front: str) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="ctx-bench-"))
     gateway = Gateway(load_settings(write_config(tmp / "c.toml", tmp / "ws", plugins), environ={}))
-    async with gateway.running():
+    async with gateway.running(), contextlib.AsyncExitStack() as stack:
         await gateway.wait_ready()
         upstream = gateway.upstreams["demo"]
         loop = asyncio.get_running_loop()
@@ -80,6 +82,9 @@ async def main(n: int, profile: bool, plugins: list[str], era: str) -> None:
             assert take(json.loads(json.dumps(request))), "the lean path did not take the call"
             await answered.wait()
 
+        if front == "http":
+            one = await http_front(gateway, era, stack)
+
         for i in range(300):
             await one(i)
         profiler = cProfile.Profile()
@@ -95,8 +100,82 @@ async def main(n: int, profile: bool, plugins: list[str], era: str) -> None:
                 int(os.environ.get("TOP", "40"))
             )
     print(
-        f"era {era}, plugins {', '.join(plugins) or 'none'}: {per_call:.0f} us of the gateway's own time per call ({n} calls)"
+        f"{front} front, era {era}, plugins {', '.join(plugins) or 'none'}: {per_call:.0f} us of the gateway's own time per call ({n} calls)"
     )
+
+
+async def http_front(gateway: Gateway, era: str, stack: contextlib.AsyncExitStack) -> Any:
+    """`one` call through the HTTP front's ASGI app (its middlewares, the lean front's checks of the
+    request, its JSON answer), without uvicorn or sockets: what the HTTP front adds to the lean path."""
+    from gateway.proxy.host_transport import build_http_app
+
+    app, manager = build_http_app(gateway)
+    await stack.enter_async_context(manager.run())
+    version = "2026-07-28" if era == "2026" else "2025-11-25"
+    headers = [
+        (b"host", b"127.0.0.1:8765"),
+        (b"accept", b"application/json, text/event-stream"),
+        (b"content-type", b"application/json"),
+        (b"mcp-protocol-version", version.encode()),
+    ]
+    sid = None
+    if era != "2026":  # a session first, as a host opens it
+        init = {"jsonrpc": "2.0", "id": 0, "method": "initialize"}
+        init["params"] = {"protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "b", "version": "1"}}
+        start, _ = await _post(app, headers, init)
+        sid = dict(start["headers"])[b"mcp-session-id"]
+        await _post(
+            app, [*headers, (b"mcp-session-id", sid)], {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        )
+        headers.append((b"mcp-session-id", sid))
+
+    async def one(i: int) -> None:
+        params: dict[str, Any] = {"name": "demo__echo", "arguments": {"text": f"call {i}"}}
+        if era == "2026":
+            params["_meta"] = {
+                "io.modelcontextprotocol/protocolVersion": version,
+                "io.modelcontextprotocol/clientInfo": {"name": "bench", "version": "1"},
+                "io.modelcontextprotocol/clientCapabilities": {},
+            }
+        request = {"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": params}
+        extra = [(b"mcp-method", b"tools/call"), (b"mcp-name", b"demo__echo")] if era == "2026" else []
+        start, body = await _post(app, headers + extra, request)
+        assert start["status"] == 200 and b'"call ' in body, (start, body)
+
+    return one
+
+
+async def _post(app: Any, headers: list[tuple[bytes, bytes]], message: dict[str, Any]) -> tuple[Any, bytes]:
+    body = json.dumps(message).encode()
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/mcp",
+        "raw_path": b"/mcp",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [*headers, (b"content-length", str(len(body)).encode())],
+        "client": ("127.0.0.1", 5555),
+        "server": ("127.0.0.1", 8765),
+        "scheme": "http",
+        "http_version": "1.1",
+    }
+    sent: list[dict[str, Any]] = []
+    given = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal given
+        if not given:
+            given = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.Event().wait()  # the host stays
+        return {"type": "http.disconnect"}
+
+    async def send(event: dict[str, Any]) -> None:
+        sent.append(event)
+
+    await app(scope, receive, send)
+    return sent[0], b"".join(e.get("body", b"") for e in sent[1:])
 
 
 if __name__ == "__main__":
@@ -104,6 +183,7 @@ if __name__ == "__main__":
     parser.add_argument("--calls", type=int, default=5000)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--era", choices=["2025", "2026"], default="2025", help="the host's protocol era")
+    parser.add_argument("--front", choices=["stdio", "http"], default="stdio", help="the host's transport")
     args = parser.parse_args()
     for chosen in ([], ["offload", "memory", "documents", "monitor"]):
-        anyio.run(main, args.calls, args.profile, chosen, args.era)
+        anyio.run(main, args.calls, args.profile, chosen, args.era, args.front)
