@@ -325,3 +325,45 @@ async def test_upstream_logs_of_one_tenants_call_never_reach_another(tmp_path: P
             with anyio.fail_after(10):
                 await heard["bob"].changed.wait()
             assert [line for line in logs("bob") if "from p" in line] == []
+
+
+async def test_upstream_logs_of_one_tenants_call_never_reach_a_2026_hosts_call_of_another(tmp_path: Path) -> None:
+    """bob, a 2026-era host, asks for log messages during his call (`_meta` logLevel) while alice's call
+    to the same server logs: whose lines they are cannot be told (a log message names no request), so
+    none of them reaches bob's call, as none reaches a handshake-era host of another tenant."""
+    import httpx2
+
+    marker = tmp_path / "slow.txt"
+    cmd, port = two_tenants(tmp_path, {"p": probe("p", env={"PROBE_CANCEL_MARKER": str(marker)})}, [])
+    url = f"http://127.0.0.1:{port}/mcp"
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "bob", "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities": {},
+        types.LOG_LEVEL_META_KEY: "debug",
+    }
+    params = {"name": "p__slow", "arguments": {"seconds": 3}, "_meta": meta}
+    headers = {
+        "content-type": "application/json",
+        "accept": "application/json, text/event-stream",
+        "mcp-protocol-version": "2026-07-28",
+        "mcp-method": "tools/call",
+        "mcp-name": "p__slow",
+        "authorization": f"Bearer {BOB}",
+    }
+    bobs: list[str] = []
+    with serving(cmd, f"http://127.0.0.1:{port}/nothing", gateway_env()):
+        async with httpx2.AsyncClient(timeout=httpx2.Timeout(30)) as http, tenant_session(url, ALICE) as alice:
+            await alice.list_tools()
+
+            async def bobs_call() -> None:
+                body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}
+                bobs.append((await http.post(url, json=body, headers=headers)).text)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(bobs_call)
+                await eventually(lambda: marker.exists() and marker.read_text() == "started", 20, "bob's call")
+                await alice.set_logging_level("debug")
+                assert text_of(await call(alice, "p__echo", {"text": "a", "log": True})) == "a"
+    assert "slept" in bobs[0] or '"result"' in bobs[0], bobs
+    assert "notifications/message" not in bobs[0], bobs[0]

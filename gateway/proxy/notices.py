@@ -19,11 +19,12 @@ from mcp.server.session import ServerSession
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
 from mcp.shared.subscriptions import ResourceUpdated
 
-from gateway.proxy.host_sessions import HostConnections, is_modern, session_id_of
+from gateway.proxy.host_sessions import HostConnections, is_modern, namespace_of, session_id_of
 from gateway.proxy.routing import URI_SEP, Route, RoutingTable
 from gateway.proxy.upstream import Upstream
 
 log = logging.getLogger("gateway.notices")
+ANY = object()  # a log message's owner on a gateway of one user: every host may read it
 
 
 class Notices:
@@ -84,7 +85,7 @@ class Notices:
         for upstream in list(self.upstreams.values()):  # a reload may change the dict meanwhile
             if upstream.declares("logging"):
                 try:
-                    await upstream.request(request, types.EmptyResult, "logging/setLevel")
+                    await upstream.request(request, types.EmptyResult, "logging/setLevel", namespace_of(ctx))
                 except MCPError as exc:
                     log.warning("logging/setLevel to %s failed: %s", upstream.name, exc.error.message)
         return types.EmptyResult()
@@ -97,11 +98,14 @@ class Notices:
             logger = f"{upstream.name}/{params.logger}" if params.logger else upstream.name
             # handshake-era hosts on their connection; a 2026 host only on the stream of a call in flight
             # to this server, at the level that call's `_meta` asked for (its session filters by it)
-            for host in [h for h in self._log_readers(upstream, logger, params) if not is_modern(h)]:
+            owner = self._log_owner(upstream, logger, params)
+            if owner is None:
+                return
+            for host in [h for h in self._log_readers(owner) if not is_modern(h)]:
                 with suppress(Exception):  # a host that went away
                     await host.send_log_message(params.level, params.data, logger=logger)
-            for host, request_id in upstream.hosts_in_flight():
-                if is_modern(host):
+            for host, request_id, namespace in upstream.hosts_in_flight():
+                if is_modern(host) and (owner is ANY or namespace == owner):
                     with suppress(Exception):
                         await host.send_log_message(
                             params.level, params.data, logger=logger, related_request_id=request_id
@@ -120,18 +124,19 @@ class Notices:
             with suppress(Exception):
                 await self.bus.publish(ResourceUpdated(uri))
 
-    def _log_readers(
+    def _log_owner(
         self, upstream: Upstream, logger: str, params: types.LoggingMessageNotificationParams
-    ) -> list[Any]:
-        """The host connections an upstream's log message goes to: every one; on a shared gateway only
-        those of the namespace whose calls are in flight on the upstream. A log message carries no
-        request id, so with none or several namespaces' calls in flight whose it is cannot be told,
-        and one tenant's log lines must never reach another: it is logged here at debug instead."""
+    ) -> str | object | None:
+        """Whose an upstream's log message is: `ANY` host's on a gateway of one user; on a shared one the
+        namespace whose calls are in flight on the upstream. A log message carries no request id, so with
+        none or several namespaces' calls in flight whose it is cannot be told, and one tenant's log lines
+        must never reach another (a handshake-era host's connection or a 2026-era host's call stream):
+        None, and it is logged here at debug instead."""
         if not self.shared:
-            return self.hosts.values()
+            return ANY
         owners = upstream.namespaces_in_flight()
         if len(owners) == 1:
-            return self.hosts.values(next(iter(owners)))
+            return next(iter(owners))
         log.debug(
             "%s [%s] (sent to no host: calls of %d tokens in flight): %s",
             logger,
@@ -139,7 +144,11 @@ class Notices:
             len(owners),
             params.data,
         )
-        return []
+        return None
+
+    def _log_readers(self, owner: str | object) -> list[Any]:
+        """The host connections of `owner`'s namespace (every one for `ANY`)."""
+        return self.hosts.values() if owner is ANY else self.hosts.values(owner)
 
     async def subscribe(self, ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams) -> Any:
         """resources/subscribe, forwarded to the server that owns the resource (once per resource)."""

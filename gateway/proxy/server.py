@@ -789,6 +789,7 @@ class Gateway:
             types.ReadResourceRequest(params=types.ReadResourceRequestParams(uri=route.name)),
             types.ReadResourceResult,
             f"resources/read {route.name}",
+            namespace_of(ctx),
         )
         if route.name == str(params.uri):  # asked by the server's own URI: answered the same way
             return result
@@ -812,7 +813,7 @@ class Gateway:
         # the host's `_meta` minus its 2026 envelope: the upstream session speaks its own era
         inner_params = params.model_copy(update={"ref": inner, "meta": forwardable_meta(params.meta) or None})
         request = types.CompleteRequest(params=inner_params)
-        return await upstream.request(request, types.CompleteResult, "completion/complete")
+        return await upstream.request(request, types.CompleteResult, "completion/complete", namespace_of(ctx))
 
     def _read_response(self, uri: str, namespace: str) -> types.ReadResourceResult:
         """A piece of an offloaded result (`gateway-response://resp_x?offset=N&length=M`, 64 KB by default);
@@ -853,4 +854,5 @@ class Gateway:
             types.GetPromptRequest(params=types.GetPromptRequestParams(name=route.name, arguments=params.arguments)),
             types.GetPromptResult,
             f"prompts/get {route.name}",
+            namespace_of(ctx),
         )

@@ -7,12 +7,12 @@ session and exits them itself (SDK pitfall 1). Other tasks only send requests.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import math
 import re
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
@@ -66,8 +66,8 @@ class ConnectionLost(Exception):
     pass
 
 
-@dataclass
-class _InFlight:
+@dataclass(eq=False)  # each call its own: found by identity (compared field by field, a landing among
+class _InFlight:  # 5,000 calls in flight took 0.7 ms)
     host_session: Any
     request_id: Any
     scope: anyio.CancelScope | Clock  # the call's clock; both move by `deadline`
@@ -184,7 +184,8 @@ class Upstream:
         self._dead_reason = ""
         self._refresh = False
         self._log_mark = 0
-        self._in_flight: list[_InFlight] = []
+        self._in_flight: dict[_InFlight, None] = {}  # oldest first
+        self._namespaces: Counter[str] = Counter()  # of the calls in flight
         self._landed_at: dict[str, float] = {}  # namespace -> when its latest call here ended
         self._ping: tuple[anyio.CancelScope, float] | None = None  # the health check in flight, its timeout
         # lean-path calls beside the SDK's session: written to a stdio pipe, or POSTed to a Streamable HTTP upstream
@@ -589,7 +590,7 @@ class Upstream:
                         cancel()
         scope = anyio.CancelScope(deadline=anyio.current_time() + timeout)
         flight = _InFlight(host[0], host[1], scope, timeout, exchange, namespace)
-        self._in_flight.append(flight)
+        self._took_off(flight)
         try:
             return await self._forward(session, tool, arguments, meta, progress, scope, timeout)
         finally:
@@ -665,7 +666,7 @@ class Upstream:
         if rid is None:
             clock.stop()
             return None
-        self._in_flight.append(flight)
+        self._took_off(flight)
         return cancel
 
     def _lean_result(
@@ -738,7 +739,7 @@ class Upstream:
                 f"calls of {len(hosts)} different hosts are in flight on the shared server '{self.name}', and "
                 "its question carries nothing that tells whose call asked, so the gateway declines it"
             )
-        return self._in_flight[-1], ""
+        return next(reversed(self._in_flight)), ""
 
     async def _on_elicit(self, context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
         """An upstream asks the user something during a call: ask the host that made the call (the most
@@ -829,11 +830,20 @@ class Upstream:
             log.info("upstream %s: %s not forwarded: %s", self.name, what, describe(exc))
             return types.ErrorData(code=types.INTERNAL_ERROR, message=f"{what} failed: {describe(exc)}")
 
+    def _took_off(self, flight: _InFlight) -> None:
+        self._in_flight[flight] = None
+        self._namespaces[flight.namespace] += 1
+
     def _landed(self, flight: _InFlight) -> None:
         """A call ended: its namespace is still counted in flight for `LOG_GRACE` seconds."""
-        with contextlib.suppress(ValueError):
-            self._in_flight.remove(flight)
-            self._landed_at[flight.namespace] = time.monotonic()
+        if self._in_flight.pop(flight, 0) is None:
+            self._namespace_landed(flight.namespace)
+
+    def _namespace_landed(self, namespace: str) -> None:
+        self._namespaces[namespace] -= 1
+        if not self._namespaces[namespace]:
+            del self._namespaces[namespace]
+        self._landed_at[namespace] = time.monotonic()
 
     def namespaces_in_flight(self) -> set[str]:
         """The namespaces (tokens) whose calls to this upstream are running, or ended within `LOG_GRACE`
@@ -841,11 +851,11 @@ class Upstream:
         since = time.monotonic() - LOG_GRACE
         for namespace in [n for n, at in self._landed_at.items() if at < since]:
             del self._landed_at[namespace]
-        return {f.namespace for f in self._in_flight} | set(self._landed_at)
+        return set(self._namespaces) | set(self._landed_at)
 
-    def hosts_in_flight(self) -> list[tuple[Any, Any]]:
-        """(host session, request id) of the calls to this upstream still running."""
-        return [(f.host_session, f.request_id) for f in self._in_flight if f.host_session is not None]
+    def hosts_in_flight(self) -> list[tuple[Any, Any, str]]:
+        """(host session, request id, namespace) of the calls to this upstream still running."""
+        return [(f.host_session, f.request_id, f.namespace) for f in self._in_flight if f.host_session is not None]
 
     async def roots_changed(self) -> None:
         """Tell the upstream the roots changed (it asks for them again)."""
@@ -865,11 +875,15 @@ class Upstream:
             )
         return f"Upstream server '{self.name}' answered '{what}' with error {code}: {message}"
 
-    async def request(self, request: Any, result_type: type[Any], what: str) -> Any:
-        """Forward a non-tool request (resources, prompts); raises MCPError with a clear message."""
+    async def request(self, request: Any, result_type: type[Any], what: str, namespace: str | None = None) -> Any:
+        """Forward a non-tool request (resources, prompts); raises MCPError with a clear message.
+        `namespace`: whose request it is, counted in flight meanwhile as a call's is (the server's log
+        messages are that caller's, `namespaces_in_flight`)."""
         session = self.session
         if session is None or self.state != "ok":
             raise MCPError(types.INTERNAL_ERROR, self.unavailable())
+        if namespace is not None:
+            self._namespaces[namespace] += 1
         try:
             with anyio.fail_after(self.config.timeout_seconds):
                 return await session.send_request(request, result_type)
@@ -879,6 +893,9 @@ class Upstream:
             raise MCPError(
                 types.REQUEST_TIMEOUT, f"Upstream server '{self.name}' did not answer {what} in time"
             ) from None
+        finally:
+            if namespace is not None:
+                self._namespace_landed(namespace)
 
 
 async def _list_tools(session: ClientSession, params: types.PaginatedRequestParams) -> types.ListToolsResult:
