@@ -16,11 +16,13 @@ import pytest
 from conftest import (
     ALICE,
     BOB,
+    PROBE,
     PY,
     RAW_HELLO,
     Notes,
     call,
     eventually,
+    free_port,
     gateway_env,
     gateway_pid,
     gateway_pipes,
@@ -367,3 +369,67 @@ async def test_upstream_logs_of_one_tenants_call_never_reach_a_2026_hosts_call_o
                 assert text_of(await call(alice, "p__echo", {"text": "a", "log": True})) == "a"
     assert "slept" in bobs[0] or '"result"' in bobs[0], bobs
     assert "notifications/message" not in bobs[0], bobs[0]
+
+
+async def test_one_tenants_long_calls_never_hold_every_connection_to_an_http_upstream(tmp_path: Path) -> None:
+    """bob keeps 110 long calls running on an HTTP upstream, more than the gateway opens connections to it
+    (100): he holds his share (`CALLER_SHARE`) and the rest of his wait their turn, so alice's call is
+    answered while every one of his still runs."""
+    import httpx2
+
+    from gateway.proxy.upstream import CALLER_SHARE
+    from gateway.proxy.upstream_client import MAX_IN_FLIGHT
+
+    port = free_port()
+    web = f"http://127.0.0.1:{port}/mcp"
+    cmd, gw_port = two_tenants(tmp_path, {"web": {"url": web}}, [])
+    url = f"http://127.0.0.1:{gw_port}/mcp"
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+
+    def headers(token: str, tool: str) -> dict[str, str]:
+        return {
+            "content-type": "application/json",
+            "accept": "application/json, text/event-stream",
+            "mcp-protocol-version": "2026-07-28",
+            "mcp-method": "tools/call",
+            "mcp-name": tool,
+            "authorization": f"Bearer {token}",
+        }
+
+    def body(rid: int, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        params = {"name": tool, "arguments": arguments, "_meta": meta}
+        return {"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": params}
+
+    bobs_done: list[int] = []
+    running = tmp_path / "running"
+    running.mkdir()
+    env = os.environ | {"PROBE_READ_ONLY": "1", "PROBE_RUNNING_DIR": str(running)}
+    with (
+        serving([PY, PROBE, "--name", "web", "--http", str(port)], web, env),
+        serving(cmd, f"http://127.0.0.1:{gw_port}/nothing", gateway_env(), open(tmp_path / "gw.err", "wb")),
+    ):
+        limits = httpx2.Limits(max_connections=200, max_keepalive_connections=200)
+        async with httpx2.AsyncClient(timeout=httpx2.Timeout(120), limits=limits) as http:
+            warm = await http.post(url, json=body(0, "web__echo", {"text": "up"}), headers=headers(ALICE, "web__echo"))
+            assert "up" in warm.text, warm.text
+
+            async def bobs_call(rid: int) -> None:
+                await http.post(url, json=body(rid, "web__slow", {"seconds": 120}), headers=headers(BOB, "web__slow"))
+                bobs_done.append(rid)
+
+            async with anyio.create_task_group() as tg:
+                for rid in range(110):
+                    tg.start_soon(bobs_call, rid)
+                # as many as he may hold: his share, or every connection the gateway opens without one
+                held = min(CALLER_SHARE, MAX_IN_FLIGHT)
+                await eventually(lambda: len(list(running.iterdir())) >= held, 30, "bob's calls to start")
+                with anyio.fail_after(60):
+                    answer = await http.post(
+                        url, json=body(1000, "web__echo", {"text": "mine"}), headers=headers(ALICE, "web__echo")
+                    )
+                assert "mine" in answer.text and bobs_done == [], (answer.text, bobs_done)
+                tg.cancel_scope.cancel()  # bob leaves: his calls are cancelled at the upstream

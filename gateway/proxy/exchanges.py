@@ -152,8 +152,10 @@ class Exchanges:
         self.open: dict[str, Exchange] = {}
         self.rounds: dict[str, Exchange] = {}  # those with a question out, oldest first (the quotas count these)
         # finished calls still open (a result waits for the host's retry, or its call's own task is about
-        # to take it), in the order they finished, by namespace: dropped from the oldest, so a new call
-        # never walks the open ones (a caller holding thousands made every caller's call take milliseconds)
+        # to take it): in the order they finished (the clock only moves on: the oldest first), and by
+        # namespace for its cap. A new call drops the old ones from the head and never walks the rest (a
+        # caller holding thousands made every caller's call take milliseconds)
+        self._finished: dict[str, float] = {}
         self._kept: dict[str, dict[str, None]] = {}
 
     def new(self, namespace: str) -> Exchange:
@@ -165,31 +167,40 @@ class Exchanges:
 
     def kept(self, exchange: Exchange) -> None:
         """`exchange` finished: its result is kept for the retry for KEEP_FINISHED seconds, and of one
-        namespace's the newest MAX_KEPT_PER_NAMESPACE only (a retry of a dropped one is told it expired)."""
-        if self.open.get(exchange.token) is not exchange:
+        namespace's the newest MAX_KEPT_PER_NAMESPACE only (a retry of a dropped one is told it expired).
+        One a host request waits on (`busy`) is not kept: that request takes it and closes it, or keeps
+        it open for a retry and calls this again (`Gateway._next`)."""
+        token = exchange.token
+        if self.open.get(token) is not exchange or exchange.finished_at is None or exchange.busy:
             return
         kept = self._kept.setdefault(exchange.namespace, {})
-        kept[exchange.token] = None
+        for order in (kept, self._finished):  # finished again: at the end (the head stays the oldest)
+            order.pop(token, None)
+        kept[token] = None
+        self._finished[token] = exchange.finished_at
         while len(kept) > MAX_KEPT_PER_NAMESPACE:
             self._drop(next(iter(kept)))
 
     def _drop_old(self, now: float) -> None:
         """Results nobody came back for, oldest first, until a recent one."""
-        for namespace, kept in list(self._kept.items()):
-            while kept:
-                token = next(iter(kept))
-                ex = self.open.get(token)
-                if ex is not None and ex.finished_at is not None and now - ex.finished_at <= KEEP_FINISHED:
-                    break
-                self._drop(token)
-            if not kept:
-                del self._kept[namespace]
+        finished = self._finished
+        while finished:
+            token, at = next(iter(finished.items()))
+            if now - at <= KEEP_FINISHED:
+                break
+            self._drop(token)
 
     def _drop(self, token: str) -> None:
+        self._finished.pop(token, None)
         ex = self.open.pop(token, None)
         if ex is not None:
             self.rounds.pop(token, None)
-            self._kept.get(ex.namespace, {}).pop(token, None)
+            self._unkeep(ex)
+
+    def _unkeep(self, exchange: Exchange) -> None:
+        kept = self._kept.get(exchange.namespace)
+        if kept is not None and kept.pop(exchange.token, 0) is None and not kept:
+            del self._kept[exchange.namespace]
 
     def opened(self, exchange: Exchange) -> None:
         """A question goes out: a round opens. Over a quota the oldest open round goes (its upstream call
@@ -216,11 +227,10 @@ class Exchanges:
         return exchange if exchange is not None and exchange.namespace == namespace else None
 
     def close(self, exchange: Exchange) -> None:
-        self.open.pop(exchange.token, None)
-        self.rounds.pop(exchange.token, None)
-        kept = self._kept.get(exchange.namespace)
-        if kept is not None and kept.pop(exchange.token, 0) is None and not kept:
-            del self._kept[exchange.namespace]
+        if self.open.get(exchange.token) is exchange:
+            self._drop(exchange.token)
+        elif self.rounds.get(exchange.token) is exchange:
+            del self.rounds[exchange.token]
 
     @staticmethod
     def elsewhere(token: str) -> bool:

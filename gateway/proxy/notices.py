@@ -56,13 +56,14 @@ class Notices:
         for uri in [u for u in self.subscribers if u.partition(URI_SEP)[0] in names]:
             del self.subscribers[uri]
 
-    def roots_host(self) -> ServerSession | None:
+    def roots_host(self, namespace: str | None = None) -> ServerSession | None:
         """The host connection to ask when an upstream wants roots outside any call: the one host that
-        declared roots. With several, whose roots it wants cannot be told (one caller's folders must not
-        be shown to another's server call), so none is asked and the upstream hears it declined."""
+        declared roots (of `namespace`, whose request to that upstream is in flight). With several, whose
+        roots it wants cannot be told (one caller's folders must not be shown to another's server call),
+        so none is asked and the upstream hears it declined."""
         found = [
             session
-            for session in self.hosts.values()
+            for session in (self.hosts.values() if namespace is None else self.hosts.values(namespace))
             if not is_modern(session)  # no channel for a request of ours outside its call
             and getattr(getattr(session, "client_capabilities", None), "roots", None) is not None
         ]

@@ -201,7 +201,7 @@ class Gateway:
             spiller=self.spiller,
             # the notices room is made after the upstreams (it needs the routing table over them)
             on_notice=lambda upstream, message: self.notices.relay(upstream, message),
-            roots_host=lambda: self.notices.roots_host(),
+            roots_host=lambda namespace=None: self.notices.roots_host(namespace),
             started=started,
         )
 
@@ -595,13 +595,17 @@ class Gateway:
         try:
             outcome = await exchange.next_outcome()
         except anyio.get_cancelled_exc_class():
+            exchange.busy = False
             if not exchange.waiting:  # the host gave up before any question: the upstream call stops too
                 exchange.cancel()
                 self.exchanges.close(exchange)
+            else:  # left open for the retry: a result that came meanwhile is kept for it
+                self.exchanges.kept(exchange)
             raise
         finally:
             exchange.busy = False
         if isinstance(outcome, types.InputRequiredResult):
+            self.exchanges.kept(exchange)  # left open for the retry: a result that came meanwhile is kept
             return outcome
         self.exchanges.close(exchange)
         return await self._finish(call, outcome)

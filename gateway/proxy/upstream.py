@@ -12,7 +12,7 @@ import logging
 import math
 import re
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
@@ -48,6 +48,10 @@ BACKOFF_FIRST = 1.0
 BACKOFF_MAX = 30.0
 HEALTHY_AFTER = 60.0  # a connection that lived this long resets the backoff
 LOG_GRACE = 1.0  # s a call counts as in flight after its reply, for the log lines relayed behind it
+# calls (and forwarded requests) one caller may have in flight on one HTTP upstream at once: half the
+# connections the gateway opens to it (100 on each leg, the lean one's and the SDK's), so one caller's long
+# calls never hold every connection another caller needs; more wait, in arrival order, for one of theirs
+CALLER_SHARE = 50
 CLIENT_INFO = types.Implementation(name="mcp-context-gateway", version="0.1.0")
 SESSIONLESS_TOOLS = 64  # a server listing more tools (or in pages) keeps its calls on the session
 
@@ -147,13 +151,14 @@ class Upstream:
         on_change: Callable[[Upstream], Awaitable[None]] | None = None,
         spiller: Spiller | None = None,
         on_notice: Callable[[Upstream, Any], Awaitable[None]] | None = None,
-        roots_host: Callable[[], Any] | None = None,
+        roots_host: Callable[[str | None], Any] | None = None,
         started: Started | None = None,
     ):
         self.name = name
         self._started = started  # its process, started ahead (`upstream_spawn.prestart`): the first attempt's
         self.on_notice = on_notice  # log messages and resource updates, relayed to the hosts
-        self.roots_host = roots_host  # the host to ask for roots outside a call (the latest that has them)
+        # the host to ask for roots outside a call (the one that declared them; of a namespace, when given)
+        self.roots_host = roots_host
         self.spiller = spiller  # long replies of a stdio or HTTP server are spooled to disk (bounded memory)
         self._spooling: SpoolingTransport | None = None  # an HTTP upstream's transport, while connected
         self._http_refused = 0  # the first 4xx status an HTTP upstream answered a POST with, this connection
@@ -186,6 +191,7 @@ class Upstream:
         self._log_mark = 0
         self._in_flight: dict[_InFlight, None] = {}  # oldest first
         self._namespaces: Counter[str] = Counter()  # of the calls in flight
+        self._queued: dict[str, deque[asyncio.Future[None]]] = {}  # calls waiting for room (`CALLER_SHARE`)
         self._landed_at: dict[str, float] = {}  # namespace -> when its latest call here ended
         self._ping: tuple[anyio.CancelScope, float] | None = None  # the health check in flight, its timeout
         # lean-path calls beside the SDK's session: written to a stdio pipe, or POSTed to a Streamable HTTP upstream
@@ -588,9 +594,12 @@ class Upstream:
                     # the caller gave up (its cancellation cancels the future it awaited): the upstream hears a cancel
                     if not answer.done() or answer.cancelled():
                         cancel()
+        counted = not self.has_room(namespace)
+        if counted and not await self._wait_for_room(namespace, timeout):
+            return error_result(self._no_room(tool, timeout))
         scope = anyio.CancelScope(deadline=anyio.current_time() + timeout)
         flight = _InFlight(host[0], host[1], scope, timeout, exchange, namespace)
-        self._took_off(flight)
+        self._took_off(flight, counted)
         try:
             return await self._forward(session, tool, arguments, meta, progress, scope, timeout)
         finally:
@@ -613,7 +622,7 @@ class Upstream:
         resets the clock. Returns how to give the call up (the upstream hears a cancel and `done` is
         never called), or None when it cannot start without waiting: then use `call_tool`."""
         session = self.session
-        if session is None or self.state != "ok" or not self.raw.ready:
+        if session is None or self.state != "ok" or not self.raw.ready or not self.has_room(namespace):
             return None
         timeout = timeout or self.config.timeout_seconds
         rid: str | None = None
@@ -724,10 +733,9 @@ class Upstream:
     def _asker(self) -> tuple[_InFlight | None, str]:
         """The call an upstream's question belongs to, or why it cannot be told. A question carries no
         request id to tie it to a call: it is the latest call in flight when every call in flight on
-        this upstream comes from one host; with calls of several hosts in flight it could be any of
-        theirs, and a prompt about one caller's data must never reach another, so it is declined."""
-        if not self._in_flight:
-            return None, ""
+        this upstream comes from one host; with calls of several hosts in flight (or another caller's
+        forwarded request) it could be any of theirs, and a prompt about one caller's data must never
+        reach another, so it is declined."""
         # who the calls belong to: a handshake-era host by its connection, a 2026-era one (each call its own
         # exchange) by its namespace, the token it came with
         hosts = {
@@ -739,6 +747,14 @@ class Upstream:
                 f"calls of {len(hosts)} different hosts are in flight on the shared server '{self.name}', and "
                 "its question carries nothing that tells whose call asked, so the gateway declines it"
             )
+        if len(self._namespaces) > 1:  # another caller's resource read, prompt or completion is in flight too
+            return None, (
+                f"requests of {len(self._namespaces)} different callers are in flight on the shared server "
+                f"'{self.name}', and its question carries nothing that tells whose request asked, so the "
+                "gateway declines it"
+            )
+        if not self._in_flight:
+            return None, ""
         return next(reversed(self._in_flight)), ""
 
     async def _on_elicit(self, context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
@@ -797,7 +813,9 @@ class Upstream:
         if flight is not None and flight.exchange is not None:
             answer = await flight.ask_by_exchange(types.ListRootsRequest())
             return answer if answer is not None else _not_answered("roots")
-        host = flight.host_session if flight else (self.roots_host() if self.roots_host else None)
+        # outside any call: the one host that declared roots, of the caller whose request is in flight if any
+        namespace = next(iter(self._namespaces)) if self._namespaces else None
+        host = flight.host_session if flight else (self.roots_host(namespace) if self.roots_host else None)
         caps = getattr(host, "client_capabilities", None)
         if host is None or caps is None or caps.roots is None:
             return types.ErrorData(
@@ -830,9 +848,11 @@ class Upstream:
             log.info("upstream %s: %s not forwarded: %s", self.name, what, describe(exc))
             return types.ErrorData(code=types.INTERNAL_ERROR, message=f"{what} failed: {describe(exc)}")
 
-    def _took_off(self, flight: _InFlight) -> None:
+    def _took_off(self, flight: _InFlight, counted: bool = False) -> None:
+        """`counted`: its place was handed over by a call that ended (`_wait_for_room`)."""
         self._in_flight[flight] = None
-        self._namespaces[flight.namespace] += 1
+        if not counted:
+            self._namespaces[flight.namespace] += 1
 
     def _landed(self, flight: _InFlight) -> None:
         """A call ended: its namespace is still counted in flight for `LOG_GRACE` seconds."""
@@ -840,10 +860,52 @@ class Upstream:
             self._namespace_landed(flight.namespace)
 
     def _namespace_landed(self, namespace: str) -> None:
-        self._namespaces[namespace] -= 1
-        if not self._namespaces[namespace]:
-            del self._namespaces[namespace]
         self._landed_at[namespace] = time.monotonic()
+        self._hand_over(namespace)
+
+    def has_room(self, namespace: str) -> bool:
+        """Whether a call of `namespace` may start now: on an HTTP upstream within `CALLER_SHARE` and
+        behind none of its own calls waiting; on a stdio one always (no connections to share)."""
+        return not self.config.url or (self._namespaces[namespace] < CALLER_SHARE and namespace not in self._queued)
+
+    async def _wait_for_room(self, namespace: str, timeout: float) -> bool:
+        """Wait in arrival order for one of `namespace`'s calls to end and hand its place over: True once
+        this call holds it (counted already), False when `timeout` passed first."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queued.setdefault(namespace, deque()).append(waiter)
+        try:
+            with anyio.move_on_after(timeout):
+                await waiter
+        except BaseException:  # the caller gave up: a place handed over meanwhile goes on to the next
+            if waiter.done() and not waiter.cancelled():
+                self._hand_over(namespace)
+            waiter.cancel()
+            raise
+        if waiter.done() and not waiter.cancelled():
+            return True
+        waiter.cancel()  # timed out: `_hand_over` skips it
+        return False
+
+    def _hand_over(self, namespace: str) -> None:
+        """A place of `namespace` is free: to its first call waiting, else given back."""
+        queue = self._queued.get(namespace)
+        while queue:
+            waiter = queue.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                if not queue:
+                    del self._queued[namespace]
+                return
+        self._queued.pop(namespace, None)
+        self._namespaces[namespace] -= 1
+        if self._namespaces[namespace] <= 0:
+            del self._namespaces[namespace]
+
+    def _no_room(self, what: str, timeout: float) -> str:
+        return (
+            f"'{what}' was not sent to '{self.name}': {CALLER_SHARE} of your calls to it were in flight (at most that "
+            f"many at once per caller) and none ended within {timeout:.0f} s. Try again when they finish."
+        )
 
     def namespaces_in_flight(self) -> set[str]:
         """The namespaces (tokens) whose calls to this upstream are running, or ended within `LOG_GRACE`
@@ -883,7 +945,10 @@ class Upstream:
         if session is None or self.state != "ok":
             raise MCPError(types.INTERNAL_ERROR, self.unavailable())
         if namespace is not None:
-            self._namespaces[namespace] += 1
+            if self.has_room(namespace):
+                self._namespaces[namespace] += 1
+            elif not await self._wait_for_room(namespace, self.config.timeout_seconds):
+                raise MCPError(types.INTERNAL_ERROR, self._no_room(what, self.config.timeout_seconds))
         try:
             with anyio.fail_after(self.config.timeout_seconds):
                 return await session.send_request(request, result_type)

@@ -16,6 +16,7 @@ import os
 import random
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -42,6 +43,7 @@ def build(name: str, extra_tools: int, shuffle: bool = False, mutate: str = "") 
     mutated = mutate == "start"  # or, with mutate == "grow", once `grow` is called
     added: list[types.Tool] = []
     state = {"cancelled_marker": os.environ.get("PROBE_CANCEL_MARKER", "")}
+    running_dir = os.environ.get("PROBE_RUNNING_DIR", "")  # a file per `slow` call running, for tests to count
 
     base_tools = [
         _tool("echo", "Echo the text back.", {"text": {"type": "string"}}),
@@ -254,6 +256,9 @@ def build(name: str, extra_tools: int, shuffle: bool = False, mutate: str = "") 
             if state["cancelled_marker"]:  # tests wait for this instead of sleeping
                 with open(state["cancelled_marker"], "w") as fh:
                     fh.write("started")
+            running = Path(running_dir, f"slow-{id(ctx)}-{time.monotonic_ns()}") if running_dir else None
+            if running is not None:
+                running.touch()
             try:
                 await anyio.sleep(float(args.get("seconds", 5)))
             except anyio.get_cancelled_exc_class():
@@ -261,6 +266,9 @@ def build(name: str, extra_tools: int, shuffle: bool = False, mutate: str = "") 
                     with open(state["cancelled_marker"], "w") as fh:
                         fh.write("cancelled")
                 raise
+            finally:
+                if running is not None:
+                    running.unlink(missing_ok=True)
             return types.CallToolResult(content=[types.TextContent(text="slept")])
         if tool == "hang":
             time.sleep(3600)

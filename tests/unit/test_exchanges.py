@@ -160,3 +160,36 @@ async def test_a_call_without_a_task_hands_its_first_question_over() -> None:
     asked_again.cancel()  # the host gave up on its retry: the upstream call stops, once
     asked_again.cancel()
     assert halted[1:] == ["retry given up"] and asked_again.scope.cancel_called
+
+
+async def test_results_a_host_request_waits_on_never_push_out_one_waiting_for_a_retry() -> None:
+    """alice's result that waits for her retry stays findable while 64 of her calls finish in one turn
+    with their own requests waiting on them (those are taken and closed at once, never kept)."""
+    registry = Exchanges()
+    waiting = registry.new("alice")
+    waiting.finish_now(DONE)
+    burst = [registry.new("alice") for _ in range(exchanges.MAX_KEPT_PER_NAMESPACE)]
+    for ex in burst:
+        ex.busy = True
+        ex.finish_now(DONE)
+    assert registry.find(waiting.token, "alice") is waiting
+    for ex in burst:
+        registry.close(ex)
+    assert list(registry.open) == [waiting.token]
+
+
+async def test_old_results_go_in_the_order_they_finished(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Expiry follows the order results finished in, and one finished again moves to the end (its older
+    neighbour still goes in time)."""
+    registry = Exchanges()
+    clock = [100.0]
+    monkeypatch.setattr(exchanges.time, "monotonic", lambda: clock[0])
+    first, second = registry.new("alice"), registry.new("alice")
+    first.finish_now(DONE)
+    clock[0] = 110.0
+    second.finish_now(DONE)
+    clock[0] = 150.0
+    first.finish_now(DONE)  # finished again later: kept from then on
+    clock[0] = 110.0 + exchanges.KEEP_FINISHED + 1
+    registry.new("carol")
+    assert second.token not in registry.open and first.token in registry.open

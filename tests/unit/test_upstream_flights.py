@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
+import anyio
+import pytest
+
+from gateway.proxy import upstream as upstream_module
 from gateway.proxy.upstream import Upstream, _InFlight
 from gateway.settings import ServerConfig
 
@@ -30,3 +35,84 @@ def test_a_landing_takes_that_call_only_and_its_namespace_is_counted_until_its_l
     assert not up._namespaces and not up.hosts_in_flight()
     assert up.namespaces_in_flight() == {"alice", "bob"}  # landed within the grace: still theirs
 
+
+def _http(tmp_path: Path) -> Upstream:
+    return Upstream("web", ServerConfig(url="http://127.0.0.1:9/mcp"), tmp_path)
+
+
+@pytest.mark.anyio
+async def test_a_caller_over_its_share_of_an_http_upstream_waits_in_turn_and_others_do_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """alice holds her share of calls in flight: her next ones wait, in arrival order, each for a place
+    one of hers hands over; bob's start at once; a stdio upstream has no connections to share."""
+    monkeypatch.setattr(upstream_module, "CALLER_SHARE", 2)
+    up = _http(tmp_path)
+    held = [_flight("alice"), _flight("alice")]
+    for flight in held:
+        up._took_off(flight)
+    assert not up.has_room("alice") and up.has_room("bob")
+    assert Upstream("cli", ServerConfig(command="true"), tmp_path).has_room("alice")
+    got: list[str] = []
+
+    async def wait(name: str) -> None:
+        if await up._wait_for_room("alice", 30):
+            got.append(name)
+            up._took_off(_flight("alice"), counted=True)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(wait, "first")
+        await anyio.wait_all_tasks_blocked()
+        tg.start_soon(wait, "second")
+        await anyio.wait_all_tasks_blocked()
+        assert not up.has_room("alice")  # behind her own calls waiting, even below the share
+        up._landed(held[0])
+        await anyio.wait_all_tasks_blocked()
+        assert got == ["first"] and up._namespaces["alice"] == 2
+        up._landed(held[1])
+    assert got == ["first", "second"] and up._namespaces["alice"] == 2 and not up._queued
+
+
+@pytest.mark.anyio
+async def test_a_wait_that_times_out_or_is_given_up_keeps_no_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(upstream_module, "CALLER_SHARE", 1)
+    up = _http(tmp_path)
+    flight = _flight("alice")
+    up._took_off(flight)
+    assert not await up._wait_for_room("alice", 0.01)
+    with anyio.move_on_after(0.01):
+        await up._wait_for_room("alice", 30)
+    up._landed(flight)  # the waits given up are skipped: the place is given back
+    assert not up._namespaces and not up._queued and up.has_room("alice")
+
+
+@pytest.mark.anyio
+async def test_a_place_handed_to_a_caller_that_just_left_goes_on_to_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call's task cancelled (its host left) in the turn its place was handed over: the place goes on."""
+    monkeypatch.setattr(upstream_module, "CALLER_SHARE", 1)
+    up = _http(tmp_path)
+    flight = _flight("alice")
+    up._took_off(flight)
+    leaving = asyncio.ensure_future(up._wait_for_room("alice", 30))
+    staying = asyncio.ensure_future(up._wait_for_room("alice", 30))
+    await anyio.wait_all_tasks_blocked()
+    up._landed(flight)  # the place goes to the first waiter ...
+    leaving.cancel()  # ... whose host leaves before it runs: the second one gets it
+    assert await staying is True
+    assert leaving.cancelled() and up._namespaces["alice"] == 1 and not up._queued
+
+
+def test_a_question_while_another_callers_request_is_in_flight_is_declined(tmp_path: Path) -> None:
+    """bob's call is the only call in flight, alice's prompts/get (a forwarded request) too: an upstream's
+    question then may be hers, and goes to nobody."""
+    up = Upstream("p", ServerConfig(command="true"), tmp_path)
+    bobs = _flight("bob", object())
+    up._took_off(bobs)
+    assert up._asker() == (bobs, "")
+    up._namespaces["alice"] += 1  # as `request(..., namespace="alice")` counts it
+    flight, why = up._asker()
+    assert flight is None and "requests of 2 different callers" in why
