@@ -40,6 +40,15 @@ def _http(tmp_path: Path) -> Upstream:
     return Upstream("web", ServerConfig(url="http://127.0.0.1:9/mcp"), tmp_path)
 
 
+def _alice_at_her_share(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Upstream, _InFlight]:
+    """An HTTP upstream where alice's share is one call, and that call in flight."""
+    monkeypatch.setattr(upstream_module, "CALLER_SHARE", 1)
+    up = _http(tmp_path)
+    flight = _flight("alice")
+    up._took_off(flight)
+    return up, flight
+
+
 @pytest.mark.anyio
 async def test_a_caller_over_its_share_of_an_http_upstream_waits_in_turn_and_others_do_not(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -77,10 +86,7 @@ async def test_a_caller_over_its_share_of_an_http_upstream_waits_in_turn_and_oth
 async def test_a_wait_that_times_out_or_is_given_up_keeps_no_place(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(upstream_module, "CALLER_SHARE", 1)
-    up = _http(tmp_path)
-    flight = _flight("alice")
-    up._took_off(flight)
+    up, flight = _alice_at_her_share(tmp_path, monkeypatch)
     assert not await up._wait_for_room("alice", 0.01)
     with anyio.move_on_after(0.01):
         await up._wait_for_room("alice", 30)
@@ -93,10 +99,7 @@ async def test_a_place_handed_to_a_caller_that_just_left_goes_on_to_the_next(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A call's task cancelled (its host left) in the turn its place was handed over: the place goes on."""
-    monkeypatch.setattr(upstream_module, "CALLER_SHARE", 1)
-    up = _http(tmp_path)
-    flight = _flight("alice")
-    up._took_off(flight)
+    up, flight = _alice_at_her_share(tmp_path, monkeypatch)
     leaving = asyncio.ensure_future(up._wait_for_room("alice", 30))
     staying = asyncio.ensure_future(up._wait_for_room("alice", 30))
     await anyio.wait_all_tasks_blocked()
