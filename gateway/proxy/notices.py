@@ -86,7 +86,9 @@ class Notices:
         for upstream in list(self.upstreams.values()):  # a reload may change the dict meanwhile
             if upstream.declares("logging"):
                 try:
-                    await upstream.request(request, types.EmptyResult, "logging/setLevel", namespace_of(ctx))
+                    await upstream.request(
+                        request, types.EmptyResult, "logging/setLevel", namespace_of(ctx), gated=False
+                    )
                 except MCPError as exc:
                     log.warning("logging/setLevel to %s failed: %s", upstream.name, exc.error.message)
         return types.EmptyResult()

@@ -34,7 +34,7 @@ import gateway.compat as compat
 from gateway.progress import ProgressReporter, no_progress
 from gateway.proxy.host_sessions import asks_nothing
 from gateway.proxy.lean import Clock, Outcome, RawRequests, parse_result
-from gateway.proxy.upstream_http import SpoolingTransport
+from gateway.proxy.upstream_http import CONNECTIONS, SpoolingTransport
 from gateway.proxy.upstream_lean_http import HttpRawRequests, relay
 from gateway.proxy.upstream_spawn import Started, open_log
 from gateway.proxy.upstream_stdio import linear_stdio_client
@@ -48,10 +48,12 @@ BACKOFF_FIRST = 1.0
 BACKOFF_MAX = 30.0
 HEALTHY_AFTER = 60.0  # a connection that lived this long resets the backoff
 LOG_GRACE = 1.0  # s a call counts as in flight after its reply, for the log lines relayed behind it
-# calls (and forwarded requests) one caller may have in flight on one HTTP upstream at once: half the
-# connections the gateway opens to it (100 on each leg, the lean one's and the SDK's), so one caller's long
-# calls never hold every connection another caller needs; more wait, in arrival order, for one of theirs
+# calls (and forwarded requests) one caller may have in flight on one HTTP upstream at once (of the
+# CONNECTIONS the gateway opens to it), and the last places, which only a caller with nothing in flight
+# there may take: so one caller's long calls, or two callers' at their shares, never hold every
+# connection a third needs; more wait in turn (`_Places`)
 CALLER_SHARE = 50
+RESERVED = 10
 CLIENT_INFO = types.Implementation(name="mcp-context-gateway", version="0.1.0")
 SESSIONLESS_TOOLS = 64  # a server listing more tools (or in pages) keeps its calls on the session
 
@@ -68,6 +70,59 @@ State = Literal["starting", "ok", "failed", "stopped"]
 
 class ConnectionLost(Exception):
     pass
+
+
+class _Places:
+    """Calls and forwarded requests in flight on one upstream, per caller (`held`), and who may start
+    one. On an HTTP upstream (`limited`: CONNECTIONS per leg) a caller has at most CALLER_SHARE in
+    flight, and one that has any takes none of the last RESERVED places, so a caller with nothing in
+    flight finds one even while two others hold their shares. More wait in arrival order per caller; a
+    place that comes free goes to a waiter of the caller whose call ended, else to the first waiter of
+    another caller that may take it, the callers in turn."""
+
+    def __init__(self, limited: bool) -> None:
+        self.limited = limited
+        self.held: Counter[str] = Counter()
+        self.total = 0
+        self.waiting: dict[str, deque[asyncio.Future[None]]] = {}
+
+    def _may_take(self, caller: str) -> bool:
+        own = self.held[caller]
+        return own < CALLER_SHARE and (own == 0 or self.total < CONNECTIONS - RESERVED)
+
+    def has_room(self, caller: str) -> bool:
+        return not self.limited or (caller not in self.waiting and self._may_take(caller))
+
+    def take(self, caller: str) -> None:
+        self.held[caller] += 1
+        self.total += 1
+
+    def queue(self, caller: str) -> asyncio.Future[None]:
+        """A waiter for `caller`'s next place: done once the place is taken for it."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.waiting.setdefault(caller, deque()).append(waiter)
+        return waiter
+
+    def give_back(self, caller: str) -> None:
+        self.held[caller] -= 1
+        self.total -= 1
+        if self.held[caller] <= 0:
+            del self.held[caller]
+        if self.waiting:
+            self._hand_out(caller)
+
+    def _hand_out(self, first: str) -> None:
+        callers = [first, *(c for c in self.waiting if c != first)] if first in self.waiting else list(self.waiting)
+        for caller in callers:
+            queue = self.waiting[caller]
+            while queue and self._may_take(caller):
+                waiter = queue.popleft()
+                if not waiter.done():
+                    self.take(caller)
+                    waiter.set_result(None)
+            del self.waiting[caller]
+            if queue:  # still waiting: behind the others next time
+                self.waiting[caller] = queue
 
 
 @dataclass(eq=False)  # each call its own: found by identity (compared field by field, a landing among
@@ -190,8 +245,7 @@ class Upstream:
         self._refresh = False
         self._log_mark = 0
         self._in_flight: dict[_InFlight, None] = {}  # oldest first
-        self._namespaces: Counter[str] = Counter()  # of the calls in flight
-        self._queued: dict[str, deque[asyncio.Future[None]]] = {}  # calls waiting for room (`CALLER_SHARE`)
+        self._places = _Places(bool(config.url))  # calls and forwarded requests in flight, per caller
         self._landed_at: dict[str, float] = {}  # namespace -> when its latest call here ended
         self._ping: tuple[anyio.CancelScope, float] | None = None  # the health check in flight, its timeout
         # lean-path calls beside the SDK's session: written to a stdio pipe, or POSTed to a Streamable HTTP upstream
@@ -595,8 +649,11 @@ class Upstream:
                     if not answer.done() or answer.cancelled():
                         cancel()
         counted = not self.has_room(namespace)
-        if counted and not await self._wait_for_room(namespace, timeout):
-            return error_result(self._no_room(tool, timeout))
+        if counted:
+            began = anyio.current_time()
+            if not await self._wait_for_room(namespace, timeout):
+                return error_result(self._no_room(tool, timeout))
+            timeout = max(1.0, timeout - (anyio.current_time() - began))  # the wait was part of its time
         scope = anyio.CancelScope(deadline=anyio.current_time() + timeout)
         flight = _InFlight(host[0], host[1], scope, timeout, exchange, namespace)
         self._took_off(flight, counted)
@@ -747,9 +804,9 @@ class Upstream:
                 f"calls of {len(hosts)} different hosts are in flight on the shared server '{self.name}', and "
                 "its question carries nothing that tells whose call asked, so the gateway declines it"
             )
-        if len(self._namespaces) > 1:  # another caller's resource read, prompt or completion is in flight too
+        if len(self._places.held) > 1:  # another caller's resource read, prompt or completion is in flight too
             return None, (
-                f"requests of {len(self._namespaces)} different callers are in flight on the shared server "
+                f"requests of {len(self._places.held)} different callers are in flight on the shared server "
                 f"'{self.name}', and its question carries nothing that tells whose request asked, so the "
                 "gateway declines it"
             )
@@ -814,7 +871,7 @@ class Upstream:
             answer = await flight.ask_by_exchange(types.ListRootsRequest())
             return answer if answer is not None else _not_answered("roots")
         # outside any call: the one host that declared roots, of the caller whose request is in flight if any
-        namespace = next(iter(self._namespaces)) if self._namespaces else None
+        namespace = next(iter(self._places.held)) if self._places.held else None
         host = flight.host_session if flight else (self.roots_host(namespace) if self.roots_host else None)
         caps = getattr(host, "client_capabilities", None)
         if host is None or caps is None or caps.roots is None:
@@ -849,10 +906,10 @@ class Upstream:
             return types.ErrorData(code=types.INTERNAL_ERROR, message=f"{what} failed: {describe(exc)}")
 
     def _took_off(self, flight: _InFlight, counted: bool = False) -> None:
-        """`counted`: its place was handed over by a call that ended (`_wait_for_room`)."""
+        """`counted`: its place was taken already (handed over while it waited, `_wait_for_room`)."""
         self._in_flight[flight] = None
         if not counted:
-            self._namespaces[flight.namespace] += 1
+            self._places.take(flight.namespace)
 
     def _landed(self, flight: _InFlight) -> None:
         """A call ended: its namespace is still counted in flight for `LOG_GRACE` seconds."""
@@ -861,50 +918,34 @@ class Upstream:
 
     def _namespace_landed(self, namespace: str) -> None:
         self._landed_at[namespace] = time.monotonic()
-        self._hand_over(namespace)
+        self._places.give_back(namespace)
 
     def has_room(self, namespace: str) -> bool:
-        """Whether a call of `namespace` may start now: on an HTTP upstream within `CALLER_SHARE` and
-        behind none of its own calls waiting; on a stdio one always (no connections to share)."""
-        return not self.config.url or (self._namespaces[namespace] < CALLER_SHARE and namespace not in self._queued)
+        """Whether a call of `namespace` may start now (`_Places`)."""
+        return self._places.has_room(namespace)
 
     async def _wait_for_room(self, namespace: str, timeout: float) -> bool:
-        """Wait in arrival order for one of `namespace`'s calls to end and hand its place over: True once
-        this call holds it (counted already), False when `timeout` passed first."""
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queued.setdefault(namespace, deque()).append(waiter)
+        """Wait in turn for a place: True once this call holds it (taken already), False when `timeout`
+        passed first."""
+        waiter = self._places.queue(namespace)
         try:
             with anyio.move_on_after(timeout):
                 await waiter
         except BaseException:  # the caller gave up: a place handed over meanwhile goes on to the next
             if waiter.done() and not waiter.cancelled():
-                self._hand_over(namespace)
+                self._places.give_back(namespace)
             waiter.cancel()
             raise
         if waiter.done() and not waiter.cancelled():
             return True
-        waiter.cancel()  # timed out: `_hand_over` skips it
+        waiter.cancel()  # timed out: skipped when places are handed over
         return False
-
-    def _hand_over(self, namespace: str) -> None:
-        """A place of `namespace` is free: to its first call waiting, else given back."""
-        queue = self._queued.get(namespace)
-        while queue:
-            waiter = queue.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                if not queue:
-                    del self._queued[namespace]
-                return
-        self._queued.pop(namespace, None)
-        self._namespaces[namespace] -= 1
-        if self._namespaces[namespace] <= 0:
-            del self._namespaces[namespace]
 
     def _no_room(self, what: str, timeout: float) -> str:
         return (
-            f"'{what}' was not sent to '{self.name}': {CALLER_SHARE} of your calls to it were in flight (at most that "
-            f"many at once per caller) and none ended within {timeout:.0f} s. Try again when they finish."
+            f"'{what}' was not sent to '{self.name}': the places for calls to it were taken ({CALLER_SHARE} at "
+            f"most per caller, {CONNECTIONS} in all) and none came free within {timeout:.0f} s. Try again when "
+            "your calls to it finish."
         )
 
     def namespaces_in_flight(self) -> set[str]:
@@ -913,7 +954,7 @@ class Upstream:
         since = time.monotonic() - LOG_GRACE
         for namespace in [n for n, at in self._landed_at.items() if at < since]:
             del self._landed_at[namespace]
-        return set(self._namespaces) | set(self._landed_at)
+        return set(self._places.held) | set(self._landed_at)
 
     def hosts_in_flight(self) -> list[tuple[Any, Any, str]]:
         """(host session, request id, namespace) of the calls to this upstream still running."""
@@ -937,16 +978,19 @@ class Upstream:
             )
         return f"Upstream server '{self.name}' answered '{what}' with error {code}: {message}"
 
-    async def request(self, request: Any, result_type: type[Any], what: str, namespace: str | None = None) -> Any:
+    async def request(
+        self, request: Any, result_type: type[Any], what: str, namespace: str | None = None, gated: bool = True
+    ) -> Any:
         """Forward a non-tool request (resources, prompts); raises MCPError with a clear message.
         `namespace`: whose request it is, counted in flight meanwhile as a call's is (the server's log
-        messages are that caller's, `namespaces_in_flight`)."""
+        messages are that caller's, `namespaces_in_flight`), and waiting for a place as a call does
+        unless not `gated` (a quick control request: a log level)."""
         session = self.session
         if session is None or self.state != "ok":
             raise MCPError(types.INTERNAL_ERROR, self.unavailable())
         if namespace is not None:
-            if self.has_room(namespace):
-                self._namespaces[namespace] += 1
+            if not gated or self.has_room(namespace):
+                self._places.take(namespace)
             elif not await self._wait_for_room(namespace, self.config.timeout_seconds):
                 raise MCPError(types.INTERNAL_ERROR, self._no_room(what, self.config.timeout_seconds))
         try:

@@ -315,7 +315,9 @@ class _Exchange:
 class UpstreamClient:
     """Kept-alive HTTP/1.1 connections to the leg's upstreams, opened as requests need them."""
 
-    def __init__(self, tls: Callable[[], ssl.SSLContext] = ssl.create_default_context) -> None:
+    def __init__(
+        self, tls: Callable[[], ssl.SSLContext] = ssl.create_default_context, limit: int | None = None
+    ) -> None:
         self._tls = tls  # the context for `https` upstreams, made on the first one
         self._ssl: ssl.SSLContext | None = None
         self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
@@ -323,7 +325,7 @@ class UpstreamClient:
         self.closed = False
         # requests at once, as aiohttp's connector limited them: more wait for one to end (each holds a
         # socket; a flood of long calls would otherwise run the process out of file descriptors)
-        self.slots = asyncio.Semaphore(MAX_IN_FLIGHT)
+        self.slots = asyncio.Semaphore(limit or MAX_IN_FLIGHT)
 
     def post(self, url: str, data: bytes, headers: dict[str, str], allow_redirects: bool = False) -> _Exchange:
         return _Exchange(self, "POST", url, data, headers)

@@ -28,6 +28,7 @@ from gateway.services.spill import LineBuffer, Spiller
 
 log = logging.getLogger(__name__)
 SESSION_HEADERS = ("mcp-session-id", "mcp-protocol-version")  # what makes a POST part of the SDK's session
+CONNECTIONS = 100  # requests at once to one HTTP upstream on each leg (the lean one's client, httpx's pool)
 DRAIN_SECONDS = 0.05  # how long a closed POST response is read to its end (a server that keeps it open)
 
 
@@ -43,7 +44,7 @@ class SpoolingTransport(httpx2.AsyncBaseTransport):
     ):
         self.spiller = spiller
         self.on_bytes = on_bytes
-        self.inner = inner or httpx2.AsyncHTTPTransport()
+        self.inner = inner or httpx2.AsyncHTTPTransport(limits=httpx2.Limits(max_connections=CONNECTIONS))
         # whether the SDK's session still waits for a response id (set once it runs): a late reply to a
         # cancelled call is dropped by the SDK, so the files its long strings left are released here
         self.awaits: Callable[[Any], bool] | None = None

@@ -32,7 +32,7 @@ def test_a_landing_takes_that_call_only_and_its_namespace_is_counted_until_its_l
     up._landed(bobs)
     assert up._asker() == (same[0], "")  # the latest call in flight of the one host left
     up._landed(same[0])
-    assert not up._namespaces and not up.hosts_in_flight()
+    assert not up._places.held and not up.hosts_in_flight()
     assert up.namespaces_in_flight() == {"alice", "bob"}  # landed within the grace: still theirs
 
 
@@ -77,9 +77,9 @@ async def test_a_caller_over_its_share_of_an_http_upstream_waits_in_turn_and_oth
         assert not up.has_room("alice")  # behind her own calls waiting, even below the share
         up._landed(held[0])
         await anyio.wait_all_tasks_blocked()
-        assert got == ["first"] and up._namespaces["alice"] == 2
+        assert got == ["first"] and up._places.held["alice"] == 2
         up._landed(held[1])
-    assert got == ["first", "second"] and up._namespaces["alice"] == 2 and not up._queued
+    assert got == ["first", "second"] and up._places.held["alice"] == 2 and not up._places.waiting
 
 
 @pytest.mark.anyio
@@ -91,7 +91,7 @@ async def test_a_wait_that_times_out_or_is_given_up_keeps_no_place(
     with anyio.move_on_after(0.01):
         await up._wait_for_room("alice", 30)
     up._landed(flight)  # the waits given up are skipped: the place is given back
-    assert not up._namespaces and not up._queued and up.has_room("alice")
+    assert not up._places.held and not up._places.waiting and up.has_room("alice")
 
 
 @pytest.mark.anyio
@@ -106,7 +106,7 @@ async def test_a_place_handed_to_a_caller_that_just_left_goes_on_to_the_next(
     up._landed(flight)  # the place goes to the first waiter ...
     leaving.cancel()  # ... whose host leaves before it runs: the second one gets it
     assert await staying is True
-    assert leaving.cancelled() and up._namespaces["alice"] == 1 and not up._queued
+    assert leaving.cancelled() and up._places.held["alice"] == 1 and not up._places.waiting
 
 
 def test_a_question_while_another_callers_request_is_in_flight_is_declined(tmp_path: Path) -> None:
@@ -116,6 +116,29 @@ def test_a_question_while_another_callers_request_is_in_flight_is_declined(tmp_p
     bobs = _flight("bob", object())
     up._took_off(bobs)
     assert up._asker() == (bobs, "")
-    up._namespaces["alice"] += 1  # as `request(..., namespace="alice")` counts it
+    up._places.take("alice")  # as `request(..., namespace="alice")` counts it
     flight, why = up._asker()
     assert flight is None and "requests of 2 different callers" in why
+
+
+@pytest.mark.anyio
+async def test_two_callers_at_their_shares_leave_places_for_a_third(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Of the upstream's places the last ones go only to callers with nothing in flight there: alice and
+    bob at their shares, carol still starts one call, not a second; a place that comes free goes to the
+    caller waiting, whoever's call ended."""
+    for name, value in (("CALLER_SHARE", 2), ("CONNECTIONS", 6), ("RESERVED", 1)):
+        monkeypatch.setattr(upstream_module, name, value)
+    up = _http(tmp_path)
+    flights = {who: [_flight(who), _flight(who)] for who in ("alice", "bob")}
+    for flight in flights["alice"] + flights["bob"]:
+        up._took_off(flight)
+    assert up.has_room("carol")
+    carols = _flight("carol")
+    up._took_off(carols)
+    assert not up.has_room("carol") and up.has_room("dave")  # dave has nothing in flight there
+    second = asyncio.ensure_future(up._wait_for_room("carol", 30))
+    await anyio.wait_all_tasks_blocked()
+    up._landed(flights["alice"][0])  # alice's call ends: the place goes to carol, waiting
+    assert await second is True and up._places.held["carol"] == 2 and up._places.total == 5
