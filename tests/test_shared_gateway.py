@@ -378,7 +378,7 @@ async def test_one_tenants_long_calls_never_hold_every_connection_to_an_http_ups
     import httpx2
 
     from gateway.proxy.upstream import CALLER_SHARE
-    from gateway.proxy.upstream_client import MAX_IN_FLIGHT
+    from gateway.proxy.upstream_http import CONNECTIONS
 
     port = free_port()
     web = f"http://127.0.0.1:{port}/mcp"
@@ -425,7 +425,7 @@ async def test_one_tenants_long_calls_never_hold_every_connection_to_an_http_ups
                 for rid in range(110):
                     tg.start_soon(bobs_call, rid)
                 # as many as he may hold: his share, or every connection the gateway opens without one
-                held = min(CALLER_SHARE, MAX_IN_FLIGHT)
+                held = min(CALLER_SHARE, CONNECTIONS)
                 await eventually(lambda: len(list(running.iterdir())) >= held, 30, "bob's calls to start")
                 with anyio.fail_after(60):
                     answer = await http.post(

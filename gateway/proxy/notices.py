@@ -63,7 +63,7 @@ class Notices:
         so none is asked and the upstream hears it declined."""
         found = [
             session
-            for session in (self.hosts.values() if namespace is None else self.hosts.values(namespace))
+            for session in self.hosts.values(namespace)
             if not is_modern(session)  # no channel for a request of ours outside its call
             and getattr(getattr(session, "client_capabilities", None), "roots", None) is not None
         ]
@@ -151,7 +151,7 @@ class Notices:
 
     def _log_readers(self, owner: str | object) -> list[Any]:
         """The host connections of `owner`'s namespace (every one for `ANY`)."""
-        return self.hosts.values() if owner is ANY else self.hosts.values(owner)
+        return self.hosts.values(owner if isinstance(owner, str) else None)
 
     async def subscribe(self, ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams) -> Any:
         """resources/subscribe, forwarded to the server that owns the resource (once per resource)."""

@@ -25,8 +25,9 @@ from urllib.parse import quote, unquote, urlsplit
 
 import httptools
 
+from gateway.proxy.upstream_http import CONNECTIONS
+
 CONNECT_SECONDS = 30.0  # as the leg's aiohttp client waited for a connection
-MAX_IN_FLIGHT = 100  # requests at once per client (one upstream's leg)
 IDLE_PER_ORIGIN = 64  # connections kept for reuse per origin; more are closed once their response ended
 # a connection idle this long is not used again: servers close theirs after ~5 s (uvicorn's and Node's
 # default), and a request written as the server closes it would fail
@@ -325,7 +326,7 @@ class UpstreamClient:
         self.closed = False
         # requests at once, as aiohttp's connector limited them: more wait for one to end (each holds a
         # socket; a flood of long calls would otherwise run the process out of file descriptors)
-        self.slots = asyncio.Semaphore(limit or MAX_IN_FLIGHT)
+        self.slots = asyncio.Semaphore(limit or CONNECTIONS)
 
     def post(self, url: str, data: bytes, headers: dict[str, str], allow_redirects: bool = False) -> _Exchange:
         return _Exchange(self, "POST", url, data, headers)

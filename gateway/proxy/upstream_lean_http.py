@@ -53,7 +53,7 @@ from mcp.shared.message import SessionMessage
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from gateway.proxy.lean import CLOSED, ID_PREFIX, Progress, Settle, _outcome
-from gateway.proxy.upstream_http import CONNECTIONS, DRAIN_SECONDS, SpoolingTransport, _read, _read_event_line
+from gateway.proxy.upstream_http import DRAIN_SECONDS, SpoolingTransport, _read, _read_event_line
 from gateway.services import spill
 from gateway.services.spill import LineBuffer
 
@@ -488,7 +488,7 @@ class HttpRawRequests:
         # transport of its own, so it takes none), TLS trusted as httpcore trusts it (the system's store);
         # no total timeout (a long call's stream may be quiet for long: the call's own clock and the
         # health check notice a server that went away); connections are kept for the next call
-        self._client = UpstreamClient(tls=_tls_context, limit=CONNECTIONS)
+        self._client = UpstreamClient(tls=_tls_context)
         return self._client
 
     def _spawn(self, work: Any) -> asyncio.Task[None]:

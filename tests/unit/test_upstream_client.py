@@ -376,11 +376,8 @@ async def test_a_response_head_without_end_is_refused_at_its_cap() -> None:
         await client.close()
 
 
-async def test_requests_beyond_the_limit_wait_for_a_connection(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each request holds a socket: past MAX_IN_FLIGHT at once the next waits for one to end."""
-    from gateway.proxy import upstream_client
-
-    monkeypatch.setattr(upstream_client, "MAX_IN_FLIGHT", 2)
+async def test_requests_beyond_the_limit_wait_for_a_connection() -> None:
+    """Each request holds a socket: past the client's limit at once the next waits for one to end."""
     release = asyncio.Event()
     at_once = most = 0
 
@@ -393,7 +390,7 @@ async def test_requests_beyond_the_limit_wait_for_a_connection(monkeypatch: pyte
         return await _echo_json(request, writer)
 
     async with Server(slow) as server:
-        client = UpstreamClient()
+        client = UpstreamClient(limit=2)
         calls = [asyncio.ensure_future(_post(client, server.url, b'{"n": %d}' % i)) for i in range(5)]
         with anyio.fail_after(5):
             while at_once < 2:
