@@ -80,12 +80,26 @@ def inspector_cli() -> list[str]:
 
 
 def _install(*packages: str) -> None:
+    """npm install into NPM_DIR, one test process at a time (pytest-xdist runs two): the second waits for
+    the first's install, then installs only what is still missing."""
+    import fcntl
+
     NPM_DIR.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        ["npm", "install", "--no-audit", "--no-fund", "--silent", "--prefix", str(NPM_DIR), *PACKAGES, *packages],
-        check=True,
-        timeout=600,
-    )
+    with open(NPM_DIR / ".install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        wanted = [*PACKAGES, *packages]
+        if all(_installed(p) for p in wanted):
+            return
+        subprocess.run(
+            ["npm", "install", "--no-audit", "--no-fund", "--silent", "--prefix", str(NPM_DIR), *wanted],
+            check=True,
+            timeout=600,
+        )
+
+
+def _installed(spec: str) -> bool:
+    name = spec.rsplit("@", 1)[0] if spec.count("@") > (1 if spec.startswith("@") else 0) else spec
+    return (NPM_DIR / "node_modules" / name / "package.json").exists()
 
 
 @contextmanager
