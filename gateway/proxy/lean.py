@@ -44,8 +44,8 @@ import gateway.compat as compat
 from gateway.plugin import ToolCall
 from gateway.proxy.host_sessions import forwardable_meta, is_modern
 from gateway.proxy.stdio_lines import Send, Write
-from gateway.proxy.stdio_lines import json_line as line
 from gateway.services import spill
+from gateway.services.json_wire import line
 
 log = logging.getLogger("gateway.lean")
 

@@ -25,9 +25,7 @@ does. An upstream's question to a 2026-era host becomes its `input_required` ans
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -50,13 +48,13 @@ import gateway.compat as compat
 from gateway.plugin import ToolCall
 from gateway.proxy.host_sessions import forwardable_meta, http_session_id, is_modern, scope_namespace
 from gateway.proxy.lean import Modern, Stamp, answered, plain_call
-from gateway.proxy.stdio_lines import json_line
+from gateway.services.json_wire import line as json_line
+from gateway.services.json_wire import strict_loads
 
 log = logging.getLogger("gateway.lean_http")
 
 MAX_BODY = 1024 * 1024  # a larger body goes to the SDK (its own limit answers what is too large)
 ENVELOPE = frozenset(("jsonrpc", "id", "method", "params"))
-SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 KEEPALIVE = 15.0  # seconds before a 2026-era answer becomes an SSE stream with pings (the SDK's interval)
 # seconds before a 2026-era call starts watching for its host leaving: a small call has its answer sooner,
 # and a watch per call (a task, its cancel) was ~5 % of such a call's CPU; a host that left earlier is
@@ -297,10 +295,8 @@ def _message(body: bytes) -> dict[str, Any] | None:
     """One JSON-RPC message as the SDK would read it for this path, or None (the SDK reads it)."""
     if b'"tools/call"' not in body and b'"notifications/cancelled"' not in body:
         return None
-    if b"\\u" in body and SURROGATE_ESCAPE.search(body):  # the SDK's parser refuses a lone one: it answers
-        return None
-    try:
-        message = json.loads(body)
+    try:  # what msgspec refuses (a lone surrogate, NaN, invalid UTF-8) the SDK's parser reads its way
+        message = strict_loads(body)
     except (ValueError, RecursionError):
         return None
     if not isinstance(message, dict) or message.get("jsonrpc") != "2.0" or not ENVELOPE.issuperset(message):

@@ -22,6 +22,8 @@ import mcp_types as types
 from mcp.shared.message import SessionMessage
 from pydantic_core import PydanticSerializationError
 
+from gateway.services.json_wire import line as json_line
+from gateway.services.json_wire import loads
 from gateway.services.spill import LineBuffer, Spiller
 
 log = logging.getLogger(__name__)
@@ -132,8 +134,8 @@ def line_tap(
                 while begin < len(data):
                     end = data.index(b"\n", begin) + 1
                     line = data[begin:end]
-                    # decoded as the pump decodes it (invalid UTF-8 -> U+FFFD), so both paths see one text
-                    if not worth(line) or not intercept(loads(line.decode("utf-8", "replace"))):
+                    # read as the pump reads it (invalid UTF-8 -> U+FFFD), so both paths see one text
+                    if not worth(line) or not intercept(loads(line)):
                         break
                     begin = end
             except (ValueError, RecursionError):  # not JSON, not UTF-8, nested too deeply: the pump answers it
@@ -176,16 +178,6 @@ def stream_sinks(writer: asyncio.StreamWriter) -> tuple[Send, Write]:
     return send, write
 
 
-def json_line(message: dict[str, Any]) -> bytes:
-    """One JSON-RPC message as a line, UTF-8 as the SDK writes it. A lone surrogate (only ever inside a
-    JSON string: an upstream sent its escape) is written as that escape again, `\\udXXX`, so the line
-    stays valid UTF-8."""
-    return _ENCODER.encode(message).encode("utf-8", "backslashreplace") + b"\n"
-
-
-_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))  # json.dumps makes one per call
-
-
 async def pump_writes(write_recv: anyio.abc.ObjectReceiveStream[SessionMessage], send: Send) -> None:
     """Messages from a stream to a byte sink, one JSON line each."""
     async with write_recv:
@@ -199,16 +191,6 @@ async def pump_writes(write_recv: anyio.abc.ObjectReceiveStream[SessionMessage],
 
 
 _NOT_JSON = object()
-
-
-def loads(line: str | bytes) -> Any:
-    """A JSON-RPC line as both paths read it: `NaN` and `Infinity` (which Python's `json.dumps` writes)
-    are null, as the SDK sends them on, so the lean path writes the same bytes to the upstream."""
-    return json.loads(line, parse_constant=_no_constant)
-
-
-def _no_constant(_: str) -> None:
-    return None
 
 
 def _parse(line: str, peer: str, intercept: Intercept | None = None) -> tuple[SessionMessage | Exception | None, Any]:

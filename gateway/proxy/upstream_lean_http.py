@@ -39,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import logging
 from collections import deque
 from types import SimpleNamespace
@@ -55,6 +54,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from gateway.proxy.lean import CLOSED, ID_PREFIX, Progress, Settle, _outcome
 from gateway.proxy.upstream_http import DRAIN_SECONDS, SpoolingTransport, _read, _read_event_line
 from gateway.services import spill
+from gateway.services.json_wire import dumps, loads
 from gateway.services.spill import LineBuffer
 
 log = logging.getLogger(__name__)
@@ -164,10 +164,10 @@ class HttpRawRequests:
         if sessionless and (version := self.modern) is not None and tool not in self._asking:
             self._retry[rid] = (request, on_progress, tool)  # encoded if it is made on the session
             meta = {**(params.get("_meta") or {}), **self._envelope(version)}
-            body = _encode(request | {"params": params | {"_meta": meta}})
+            body = dumps(request | {"params": params | {"_meta": meta}})
             headers = self._modern_headers(version, method, tool)
         else:
-            body = _encode(request)
+            body = dumps(request)
         task = asyncio.get_running_loop().create_task(self._post(rid, body, on_progress, headers))
         self._pending[rid] = (task, settle)
         return rid
@@ -181,7 +181,7 @@ class HttpRawRequests:
         if self._retry.pop(rid, None) is not None:
             return  # sessionless: the closed connection is its cancel (the session never saw this id)
         note = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": rid, "reason": reason}}
-        self._spawn(self._send_cancel(_encode(note)))
+        self._spawn(self._send_cancel(dumps(note)))
 
     # -- the exchange ------------------------------------------------------------------------------
 
@@ -221,7 +221,7 @@ class HttpRawRequests:
             if again and rid in self._pending:
                 if on_progress is not None:  # the clock starts again: the call is made anew
                     on_progress()
-                task = asyncio.get_running_loop().create_task(self._post(rid, _encode(request), on_progress))
+                task = asyncio.get_running_loop().create_task(self._post(rid, dumps(request), on_progress))
                 self._pending[rid] = (task, self._pending[rid][1])
                 return
         waiting = self._pending.pop(rid, None)
@@ -301,7 +301,7 @@ class HttpRawRequests:
         refusal = rid in self._retry and response.status in (400, 404, 405)
         if kind.startswith("application/json"):
             try:
-                raw = json.loads(await response.read())
+                raw = loads(await response.read())
                 if isinstance(raw, dict) and isinstance(raw.get("error"), dict):
                     if refusal and raw.get("id") != rid:
                         return NOT_THIS_ERA
@@ -327,7 +327,7 @@ class HttpRawRequests:
             and response.headers.get("content-encoding", "identity").lower() == "identity"
         ):
             try:
-                return json.loads(await response.read())
+                return loads(await response.read())
             except ValueError:
                 return None
             finally:
@@ -338,7 +338,7 @@ class HttpRawRequests:
                 self.heard()
                 body.add(chunk)
             done = body.take()
-            return json.loads(done if isinstance(done, bytes) else await _read(self._reader, done))
+            return loads(done if isinstance(done, bytes) else await _read(self._reader, done))
         except ValueError:
             return None
         finally:
@@ -390,7 +390,7 @@ class HttpRawRequests:
         if not data.strip():  # a priming event (an id to resume from, no message)
             return None
         try:
-            raw = json.loads(data)
+            raw = loads(data)
         except ValueError as exc:  # as the SDK answers an event it cannot read
             return types.ErrorData(code=types.PARSE_ERROR, message=f"Failed to parse SSE event: {exc}")
         if isinstance(raw, dict) and raw.get("id") == rid and "method" not in raw:
@@ -437,7 +437,7 @@ class HttpRawRequests:
             return
         version = MODERN_PROTOCOL_VERSIONS[-1]
         params = {"_meta": self._envelope(version)}
-        body = _encode({"jsonrpc": "2.0", "id": DISCOVER_ID, "method": "server/discover", "params": params})
+        body = dumps({"jsonrpc": "2.0", "id": DISCOVER_ID, "method": "server/discover", "params": params})
         with anyio.move_on_after(CANCEL_SECONDS):
             try:
                 client = self._connection()
@@ -447,7 +447,7 @@ class HttpRawRequests:
                     answer = await response.read()
                 if response.status != 200 or not kind.startswith("application/json"):
                     return
-                result = json.loads(answer).get("result")
+                result = loads(answer).get("result")
                 supported = result.get("supportedVersions") if isinstance(result, dict) else None
             except Exception as exc:  # an older server may refuse it any way it likes
                 log.debug("server/discover at %s: %s", self.url, exc)
@@ -613,19 +613,10 @@ def _shown(location: str, base: str) -> str:
         return "another address"
 
 
-# ASCII: a lone surrogate in an argument stays an escape (the SDK's writer refuses to send one); one
-# encoder for all (`json.dumps` with separators makes one per call)
-_ENCODER = json.JSONEncoder(separators=(",", ":"))
-
-
 def _tls_context() -> Any:
     import httpcore2
 
     return httpcore2.default_ssl_context()
-
-
-def _encode(message: dict[str, Any]) -> bytes:
-    return _ENCODER.encode(message).encode()
 
 
 def _as_session_result(result: dict[str, Any]) -> None:

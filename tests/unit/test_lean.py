@@ -13,7 +13,7 @@ import mcp_types as types
 import pytest
 
 from gateway.proxy.lean import CLOSED, Clock, LeanFront, RawRequests, parse_result, plain_call, wire_result
-from gateway.proxy.stdio_lines import json_line as line
+from gateway.services.json_wire import line
 
 
 def test_only_plain_calls_are_taken() -> None:

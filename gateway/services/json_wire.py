@@ -1,0 +1,55 @@
+"""JSON-RPC messages to and from bytes, for the lean paths' every call.
+
+msgspec's decoder and encoder take a fifth of the standard library's time on a small call's messages
+(a `tools/call` request 0.8 us against 5.5 us, its result 0.6 us against 5.9 us) and keep integers of
+any size exactly (orjson reads one past 64 bits as a float). What msgspec refuses goes through the
+standard library as before, so every message reads and writes as it did: `NaN`, `Infinity` and a
+number too large for a float (read: null, inf), a lone surrogate's escape (read as one; written as
+`\\udXXX` again, so a line stays valid UTF-8), invalid UTF-8 in bytes (read as U+FFFD). msgspec writes
+a NaN or an infinity as null, as the SDK's pydantic does (the standard library wrote `NaN`, which is not
+JSON), and a float's shortest form (`1e16` where Python writes `1e+16`: the same number).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+
+_DECODER = msgspec.json.Decoder()
+_ENCODER = msgspec.json.Encoder()
+_FALLBACK = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))  # json.dumps makes one per call
+
+
+def loads(data: bytes | str) -> Any:
+    """One JSON text; `NaN` and `Infinity` are null. Raises ValueError (not JSON) or RecursionError (nested
+    too deeply), as `json.loads` does."""
+    try:
+        return _DECODER.decode(data)
+    except msgspec.DecodeError:  # NaN, a lone surrogate, invalid UTF-8, 1e400 — or not JSON: said below
+        text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+        return json.loads(text, parse_constant=_no_constant)
+
+
+def strict_loads(data: bytes) -> Any:
+    """One JSON text as msgspec reads it, else ValueError: what it refuses (`NaN`, a lone surrogate,
+    invalid UTF-8) is left to a parser that reads it its own way (the SDK's, on the HTTP front)."""
+    return _DECODER.decode(data)
+
+
+def _no_constant(_: str) -> None:
+    return None
+
+
+def dumps(message: Any) -> bytes:
+    """Compact UTF-8 JSON."""
+    try:
+        return _ENCODER.encode(message)
+    except (TypeError, ValueError):  # a lone surrogate (UnicodeEncodeError), a key msgspec does not write
+        return _FALLBACK.encode(message).encode("utf-8", "backslashreplace")
+
+
+def line(message: Any) -> bytes:
+    """One JSON-RPC message as a newline-delimited line."""
+    return dumps(message) + b"\n"

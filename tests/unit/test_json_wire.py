@@ -1,0 +1,63 @@
+"""JSON-RPC messages to and from bytes: msgspec where it reads and writes as the standard library does,
+the standard library for the rest, so no message reads or writes differently than before."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from gateway.services.json_wire import dumps, line, loads, strict_loads
+
+MESSAGES = [
+    {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "t", "arguments": {"q": "서울 날씨"}}},
+    {"jsonrpc": "2.0", "id": "gw-1", "result": {"content": [{"type": "text", "text": 'a "quoted"\n\ttab'}]}},
+    {"n": [0, -1, 1.5, 1e16, 2.5e-300, 123456789012345678901234567890, -(2**70)], "b": [True, False, None]},
+    {"emoji": "😀", "control": "\x00\x1f", "slash": "a/b\\c"},
+]
+
+
+@pytest.mark.parametrize("message", MESSAGES)
+def test_a_message_reads_back_as_the_standard_library_reads_it(message: dict) -> None:
+    data = dumps(message)
+    assert json.loads(data) == message
+    assert loads(data) == message == strict_loads(data)
+    assert loads(data.decode()) == message
+
+
+def test_integers_of_any_size_are_kept_exactly() -> None:
+    big = 18446744073709551616  # one past 64 bits: orjson would read it as a float
+    assert loads(b'{"id":18446744073709551616}') == {"id": big}
+    assert type(loads(b"[-9223372036854775809]")[0]) is int
+    assert dumps({"id": big}) == b'{"id":18446744073709551616}'
+
+
+def test_what_is_not_json_for_msgspec_reads_as_the_pump_read_it() -> None:
+    assert loads(b'{"a":NaN,"b":Infinity,"c":-Infinity}') == {"a": None, "b": None, "c": None}
+    assert loads(b'{"a":1e400}') == {"a": math.inf}
+    assert loads(b'{"a":"\\ud800x"}') == {"a": "\ud800x"}  # a lone surrogate's escape
+    assert loads(b'{"a":"\xff"}') == {"a": "\ufffd"}  # invalid UTF-8, as the line decoder replaces it
+    with pytest.raises(ValueError):
+        loads(b'{"a":')
+    with pytest.raises(ValueError):
+        loads(b'{"a":1} trailing')
+    with pytest.raises(RecursionError):
+        loads(b"[" * 100_000 + b"]" * 100_000)
+
+
+def test_the_strict_reader_leaves_the_rest_to_another_parser() -> None:
+    for data in (b'{"a":NaN}', b'{"a":"\\udc00"}', b'{"a":"\xff"}', b"not json"):
+        with pytest.raises(ValueError):
+            strict_loads(data)
+    assert strict_loads(b'{"a":"\\ud83d\\ude00"}') == {"a": "😀"}  # a pair is one character
+
+
+def test_written_lines_are_valid_utf8_json_whatever_the_value() -> None:
+    assert dumps({"a": "\ud800"}) == b'{"a":"\\ud800"}'  # the escape again: the line stays UTF-8
+    assert dumps({"a": math.nan, "b": math.inf}) == b'{"a":null,"b":null}'  # as pydantic writes them
+    assert dumps({1: "x"}) == b'{"1":"x"}'  # as json.dumps writes a number key
+    assert dumps({None: "x"}) == b'{"null":"x"}'  # msgspec refuses: the standard library writes it
+    assert line({"a": 1}) == b'{"a":1}\n'
+    with pytest.raises(TypeError):
+        dumps({"a": object()})
