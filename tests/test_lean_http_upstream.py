@@ -109,6 +109,10 @@ class Upstream:
             long = {"content": [{"type": "text", "text": "a" * LONG_TEXT}], "isError": False}
             body = gzip.compress(json.dumps({"jsonrpc": "2.0", "id": rid, "result": long}).encode())
             return web.Response(body=body, content_type="application/json", headers={"content-encoding": "gzip"})
+        if self.scenario in ("json_bad_utf8", "json_bom"):  # a JSON body the SDK's parser refuses
+            body = self._reply(rid).encode()
+            body = body.replace(b'"ok"', b'"o\xffk"') if self.scenario == "json_bad_utf8" else b"\xef\xbb\xbf" + body
+            return web.Response(body=body, content_type="application/json")
         if self.scenario == "keep_open":  # the reply, then the stream stays open
             response = await self._events(request, f"event: message\ndata: {reply}\n\n", end=False)
             await self.release.wait()
@@ -218,6 +222,14 @@ async def test_the_lean_leg_reads_each_answer_as_the_sdk_does(scenario: str) -> 
 
 async def test_an_event_that_is_not_json_fails_the_call_on_both_paths() -> None:
     sdk, lean = await both_ways("not_json")
+    assert sdk == lean == types.PARSE_ERROR
+
+
+@pytest.mark.parametrize("scenario", ["json_bad_utf8", "json_bom"])
+async def test_a_json_body_the_sdks_parser_refuses_fails_the_call_on_both_paths(scenario: str) -> None:
+    """Invalid UTF-8 in a JSON body (msgspec refuses it, the standard library's reader replaced it), a BOM
+    before one (the standard library's reader skipped it): a parse error on both paths."""
+    sdk, lean = await both_ways(scenario)
     assert sdk == lean == types.PARSE_ERROR
 
 

@@ -54,7 +54,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from gateway.proxy.lean import CLOSED, ID_PREFIX, Progress, Settle, _outcome
 from gateway.proxy.upstream_http import DRAIN_SECONDS, SpoolingTransport, _read, _read_event_line
 from gateway.services import spill
-from gateway.services.json_wire import dumps, loads
+from gateway.services.json_wire import dumps, loads, loads_as_sdk
 from gateway.services.spill import LineBuffer
 
 log = logging.getLogger(__name__)
@@ -301,7 +301,7 @@ class HttpRawRequests:
         refusal = rid in self._retry and response.status in (400, 404, 405)
         if kind.startswith("application/json"):
             try:
-                raw = loads(await response.read())
+                raw = loads_as_sdk(await response.read())
                 if isinstance(raw, dict) and isinstance(raw.get("error"), dict):
                     if refusal and raw.get("id") != rid:
                         return NOT_THIS_ERA
@@ -327,7 +327,7 @@ class HttpRawRequests:
             and response.headers.get("content-encoding", "identity").lower() == "identity"
         ):
             try:
-                return loads(await response.read())
+                return loads_as_sdk(await response.read())
             except ValueError:
                 return None
             finally:
@@ -338,7 +338,7 @@ class HttpRawRequests:
                 self.heard()
                 body.add(chunk)
             done = body.take()
-            return loads(done if isinstance(done, bytes) else await _read(self._reader, done))
+            return loads_as_sdk(done if isinstance(done, bytes) else await _read(self._reader, done))
         except ValueError:
             return None
         finally:
@@ -447,7 +447,7 @@ class HttpRawRequests:
                     answer = await response.read()
                 if response.status != 200 or not kind.startswith("application/json"):
                     return
-                result = loads(answer).get("result")
+                result = loads_as_sdk(answer).get("result")
                 supported = result.get("supportedVersions") if isinstance(result, dict) else None
             except Exception as exc:  # an older server may refuse it any way it likes
                 log.debug("server/discover at %s: %s", self.url, exc)

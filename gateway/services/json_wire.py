@@ -5,9 +5,12 @@ msgspec's decoder and encoder take a fifth of the standard library's time on a s
 any size exactly (orjson reads one past 64 bits as a float). What msgspec refuses goes through the
 standard library as before, so every message reads and writes as it did: `NaN`, `Infinity` and a
 number too large for a float (read: null, inf), a lone surrogate's escape (read as one; written as
-`\\udXXX` again, so a line stays valid UTF-8), invalid UTF-8 in bytes (read as U+FFFD). msgspec writes
-a NaN or an infinity as null, as the SDK's pydantic does (the standard library wrote `NaN`, which is not
-JSON), and a float's shortest form (`1e16` where Python writes `1e+16`: the same number).
+`\\udXXX` again, so a line stays valid UTF-8), invalid UTF-8 in bytes (read as U+FFFD). A body from
+an HTTP upstream that msgspec refuses is read as the SDK's client reads it (`loads_as_sdk`). msgspec
+writes a NaN or an infinity as null, as the SDK's pydantic does (the standard library wrote `NaN`,
+which is not JSON), and a float's shortest form (`1e16` where Python writes `1e+16`: the same number).
+It reads a few levels deeper than the standard library at the same stack depth and writes whatever it
+read; what re-encodes arguments with the standard library must expect a RecursionError.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import json
 from typing import Any
 
 import msgspec
+import pydantic_core
 
 _DECODER = msgspec.json.Decoder()
 _ENCODER = msgspec.json.Encoder()
@@ -32,6 +36,16 @@ def loads(data: bytes | str) -> Any:
         return json.loads(text, parse_constant=_no_constant)
 
 
+def loads_as_sdk(data: bytes | str) -> Any:
+    """A JSON body from an HTTP upstream, read where msgspec refuses it as the SDK's client reads one
+    (pydantic's parser): `NaN` read, invalid UTF-8, a BOM and a lone surrogate's escape refused with a
+    ValueError (the SDK's parse error), nesting too deep for it a ValueError too."""
+    try:
+        return _DECODER.decode(data)
+    except msgspec.DecodeError:
+        return pydantic_core.from_json(data)
+
+
 def strict_loads(data: bytes) -> Any:
     """One JSON text as msgspec reads it, else ValueError: what it refuses (`NaN`, a lone surrogate,
     invalid UTF-8) is left to a parser that reads it its own way (the SDK's, on the HTTP front)."""
@@ -46,7 +60,8 @@ def dumps(message: Any) -> bytes:
     """Compact UTF-8 JSON."""
     try:
         return _ENCODER.encode(message)
-    except (TypeError, ValueError):  # a lone surrogate (UnicodeEncodeError), a key msgspec does not write
+    except (TypeError, ValueError, RecursionError):  # a lone surrogate (UnicodeEncodeError), a key msgspec
+        # does not write: written as before (there NaN stays `NaN`); a cycle or a depth raises as before
         return _FALLBACK.encode(message).encode("utf-8", "backslashreplace")
 
 

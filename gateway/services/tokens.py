@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from operator import mul
 from typing import Any
 
-from gateway.services import tokenizers
+from gateway.services import json_wire, tokenizers
 from gateway.services.text import CJK_RUN, dumps
 
 # The features as patterns: their definition (tests/unit/test_token_counts.py checks `_counts` against
@@ -371,5 +371,12 @@ def estimate_tokens(text: str) -> int:
 
 
 def json_tokens(value: Any) -> int:
-    """Tokens of a JSON value as the model reads it (compact JSON, Korean as written)."""
-    return estimate_tokens(dumps(value))
+    """Tokens of a JSON value as the model reads it (compact JSON, Korean as written). Written by the
+    encoder that read it off the wire (`json_wire`), which goes as deep as it read."""
+    try:
+        text = json_wire.dumps(value).decode()
+    except TypeError:  # not a JSON value: its objects as `str` writes them
+        text = dumps(value)
+    except RecursionError:  # deeper than any encoder goes here: the call itself is refused for it
+        return 0
+    return estimate_tokens(text)

@@ -61,3 +61,19 @@ def test_written_lines_are_valid_utf8_json_whatever_the_value() -> None:
     assert line({"a": 1}) == b'{"a":1}\n'
     with pytest.raises(TypeError):
         dumps({"a": object()})
+
+
+def test_a_value_read_as_deep_as_msgspec_reads_is_counted() -> None:
+    """msgspec reads a few levels deeper than the standard library writes at the same stack depth: the
+    arguments' token count (`json_tokens`, taken in a loop callback) writes them with msgspec too, so
+    the deepest arguments a host can send are counted instead of raising there."""
+    from gateway.services.tokens import json_tokens
+
+    depth, value = 900, None
+    while True:
+        try:
+            value = loads(b"[" * (depth + 1) + b"]" * (depth + 1))
+        except RecursionError:
+            break
+        depth += 1
+    assert value is not None and json_tokens(value) > 0
