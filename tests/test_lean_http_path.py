@@ -136,6 +136,22 @@ async def test_lean_http_answers_exactly_as_the_sdk_path(tmp_path: Path) -> None
     assert sdk_ids[0]["content"][0]["text"].startswith("int:")
 
 
+async def test_arguments_nested_past_the_sdks_parser_are_refused_on_both_paths(tmp_path: Path) -> None:
+    """The SDK's JSON parser on this transport refuses a body nested ~200 levels deep (a parse error,
+    status 400); the lean path's reads ~1,000: it leaves such a body to the SDK instead of calling the
+    tool with it. A body with many brackets that is not deep still reaches the tool on both paths."""
+    outcomes = []
+    for lean in (True, False):
+        (tmp_path / str(lean)).mkdir()
+        flag = f"--lean-path={str(lean).lower()}"
+        with http_gateway(tmp_path / str(lean), flag, servers={"p": probe("p", env=WIRE)}) as url:
+            async with http_host(url) as host:
+                deep = await host.call("p__echo", {"text": "x", "deep": json.loads("[" * 300 + "]" * 300)})
+                wide = await host.call("p__echo", {"text": "[" * 300})
+        outcomes.append((deep[0], deep[1]["error"]["code"], wide[1]["result"]["content"][0]["text"]))
+    assert outcomes[0] == outcomes[1] == ("status 400", types.PARSE_ERROR, "[" * 300), outcomes
+
+
 @pytest.mark.parametrize("lean", [True, False])
 async def test_a_cancelled_lean_http_call_is_answered_as_cancelled_and_stops_at_the_upstream(
     tmp_path: Path, lean: bool

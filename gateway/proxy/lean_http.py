@@ -55,6 +55,9 @@ log = logging.getLogger("gateway.lean_http")
 
 MAX_BODY = 1024 * 1024  # a larger body goes to the SDK (its own limit answers what is too large)
 ENVELOPE = frozenset(("jsonrpc", "id", "method", "params"))
+# pydantic's JSON parser, the SDK's on this transport, refuses a body nested deeper than this (a parse
+# error); msgspec reads ~1,000 levels: a body with more brackets than this (in strings too) is the SDK's
+SDK_DEPTH = 200
 KEEPALIVE = 15.0  # seconds before a 2026-era answer becomes an SSE stream with pings (the SDK's interval)
 # seconds before a 2026-era call starts watching for its host leaving: a small call has its answer sooner,
 # and a watch per call (a task, its cancel) was ~5 % of such a call's CPU; a host that left earlier is
@@ -294,6 +297,8 @@ def _may_ask(session: Any) -> bool:
 def _message(body: bytes) -> dict[str, Any] | None:
     """One JSON-RPC message as the SDK would read it for this path, or None (the SDK reads it)."""
     if b'"tools/call"' not in body and b'"notifications/cancelled"' not in body:
+        return None
+    if body.count(b"[") + body.count(b"{") > SDK_DEPTH:  # maybe nested past what the SDK's parser reads
         return None
     try:  # what msgspec refuses (a lone surrogate, NaN, invalid UTF-8) the SDK's parser reads its way
         message = strict_loads(body)
