@@ -17,7 +17,8 @@ bytes (the floor of any proxy process). Every path is warmed first with a few un
 other round runs the paths in reverse order. Printed: calls per second, p50 / p99 latency, calls lost
 or failed (the target is none), and the CPU time (user + system, from /proc) each call cost the proxy
 process and the upstream; then each path's calls per second as a share of direct in the same round,
-median and range over the rounds. The load generator shares the two cores with the servers, and this
+median and range over the rounds, and the gateway's as a share of the lean-client relay's (the floor)
+in the same round. The load generator shares the two cores with the servers, and this
 machine's speed moves between runs: compare paths within one run.
 """
 
@@ -205,6 +206,17 @@ def main(clients: int, calls: int, era: str, rounds: int, before: str | None, pa
                 float(rows[1 + r * len(paths) + n][3]) / float(rows[1 + r * len(paths)][3]) for r in range(rounds)
             )
             print(f"  {label}: {statistics.median(shares):.2f}x ({shares[0]:.2f}-{shares[-1]:.2f})")
+        # the target's other half: within 10 % of the floor of the gateway's own libraries, paired by round
+        labels = [label for label, _, _ in paths]
+        floor = labels.index("HTTP relay (uvicorn + the lean path's client)")
+        print("\ncalls/s as a share of the lean-client relay (the floor) in the same round (median, lowest-highest):")
+        for n, label in enumerate(labels):
+            if label.startswith("gateway") and "lean_path off" not in label:
+                shares = sorted(
+                    float(rows[1 + r * len(paths) + n][3]) / float(rows[1 + r * len(paths) + floor][3])
+                    for r in range(rounds)
+                )
+                print(f"  {label}: {statistics.median(shares):.2f}x ({shares[0]:.2f}-{shares[-1]:.2f})")
     finally:
         for proc in procs:
             proc.terminate()
