@@ -31,7 +31,8 @@ def loads(data: bytes | str) -> Any:
     too deeply), as `json.loads` does."""
     try:
         return _DECODER.decode(data)
-    except msgspec.DecodeError:  # NaN, a lone surrogate, invalid UTF-8, 1e400 — or not JSON: said below
+    except (msgspec.DecodeError, UnicodeEncodeError):  # NaN, a lone surrogate (escaped, or in a str),
+        # invalid UTF-8, 1e400 — or not JSON: said below
         text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
         return json.loads(text, parse_constant=_no_constant)
 

@@ -37,6 +37,7 @@ def test_what_is_not_json_for_msgspec_reads_as_the_pump_read_it() -> None:
     assert loads(b'{"a":NaN,"b":Infinity,"c":-Infinity}') == {"a": None, "b": None, "c": None}
     assert loads(b'{"a":1e400}') == {"a": math.inf}
     assert loads(b'{"a":"\\ud800x"}') == {"a": "\ud800x"}  # a lone surrogate's escape
+    assert loads('{"a":"\ud800"}') == {"a": "\ud800"}  # and one in a text already decoded
     assert loads(b'{"a":"\xff"}') == {"a": "\ufffd"}  # invalid UTF-8, as the line decoder replaces it
     with pytest.raises(ValueError):
         loads(b'{"a":')
