@@ -23,6 +23,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 pytestmark = pytest.mark.anyio
 HOSTS = 16  # half of each era
+RECOVERY_SECONDS = 4.0  # a 2025-era host whose replica died has a new session answering within this
 PER_MEMORY = 100  # notes per memory session: one recall (200 matches at most) brings them all back
 
 
@@ -126,10 +127,13 @@ async def test_a_replica_killed_under_load_behind_haproxy(tmp_path: Path, postgr
                     # only the call in flight on the killed replica may fail; every later one succeeds
                     assert len(failed) <= 1 and all(c[0] < dead for c in failed), (host.n, failed)
                 elif failed:
-                    # its session lived there: a new one, and calls succeeding on it, within 2 s
+                    # its session lived there: a new one, and calls succeeding on it, soon: HAProxy marks
+                    # the replica down within 1 s (inter 500ms, fall 2), and a session opened meanwhile is
+                    # refused there and redispatched; 1-2 s here, 2.3 s once with another test process busy
+                    # beside it on the 2 cores (`-n 2`): 4 s, not the minutes of a host waiting on a dead one
                     assert host.sessions == 2, (host.n, host.sessions, failed)
                     recovered = next(c[1] for c in host.after(failed[-1][0]) if not c[2])
-                    assert recovered - dead < 2.0, (host.n, recovered - dead, failed)
+                    assert recovered - dead < RECOVERY_SECONDS, (host.n, recovered - dead, failed)
             moved = [h.n for h in hosts if h.era == "2025" and h.sessions > 1]
             assert 1 <= len(moved) <= 3, moved  # the killed replica held about a third of the 8 sessions
 
