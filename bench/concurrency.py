@@ -1,13 +1,15 @@
 """Sixteen hosts calling at once over Streamable HTTP: throughput and latency, direct vs gateway.
 
-    python bench/concurrency.py [--clients 16] [--calls 200] [--era 2025|2026] [--rounds 2] [--before DIR] [--paged]
+    python bench/concurrency.py [--clients 16] [--calls 200] [--era 2025|2026] [--rounds 2] [--before DIR] [--paged] [--bare]
 
 The upstream is the test suite's probe server over Streamable HTTP on 127.0.0.1. Each client opens its
 own MCP session (`--era 2025`: a handshake-era `ClientSession`; `2026`: the SDK's `Client` in the
 2026-07-28 mode, sessionless: every request carries its envelope) and makes `--calls` small `echo`
 calls one after another; all clients run at once. The probe declares its echo read-only and lists its
 tools in one page, as a server built on the SDK's MCPServer with annotated tools does (`--paged`: pages
-of 5 and nothing declared, the calls of 2026-era hosts then stay on the gateway's session).
+of 5 and nothing declared, the calls of 2026-era hosts then stay on the gateway's session). `--bare` adds
+the gateway with its own per-call extras cut out (`bare_gateway.py`: no plugins, no usage figures, no
+SDK checks of a POST), what is left being the call's own way through it.
 The same run is made straight to the upstream, through the gateway (HTTP front, all plugins on; and
 with `lean_path` off), and through `http_relay.py`, relaying bytes without parsing them: uvicorn and
 httpx (the libraries of the SDK's path); uvicorn and aiohttp (the client the lean path used before);
@@ -93,6 +95,7 @@ async def run(url: str, clients: int, calls: int, era: str) -> tuple[float, list
 
 
 WARM_CALLS = 10  # per client, on every path before the rounds
+BARE = "gateway, bare (no plugins, no usage figures, no front checks)"
 HEADER = ["path", "calls", "wall", "calls/s", "p50", "p99", "lost or failed", "proxy CPU/call", "upstream CPU/call"]
 
 
@@ -136,7 +139,9 @@ def measured(
     ]
 
 
-def main(clients: int, calls: int, era: str, rounds: int, before: str | None, paged: bool = False) -> None:
+def main(
+    clients: int, calls: int, era: str, rounds: int, before: str | None, paged: bool = False, bare: bool = False
+) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="ctx-bench-concurrency-"))
     upstream_port = free_port()
     upstream_url = f"http://127.0.0.1:{upstream_port}/mcp"
@@ -155,9 +160,12 @@ def main(clients: int, calls: int, era: str, rounds: int, before: str | None, pa
         gateways = [("gateway (all plugins)", "true", None), ("gateway, lean_path off", "false", None)]
         if before:
             gateways.append((f"gateway from {before}", "true", before))
+        if bare:
+            gateways.append((BARE, "true", None))
         for label, lean, source in gateways:
             port = free_port()
-            gw = [sys.executable, "-m", "gateway", "--config", str(config), "--transport", "http", "--port", str(port)]
+            command = [str(Path(__file__).resolve().parent / "bare_gateway.py")] if label == BARE else ["-m", "gateway"]
+            gw = [sys.executable, *command, "--config", str(config), "--transport", "http", "--port", str(port)]
             # `python -m` looks in its working folder first: started in `source`, it runs that checkout
             procs.append(
                 subprocess.Popen(
@@ -231,5 +239,8 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=2, help="times every path is measured, in turn")
     parser.add_argument("--before", help="another checkout's gateway, measured in the same rounds")
     parser.add_argument("--paged", action="store_true", help="the probe pages its tools and declares none read-only")
+    parser.add_argument(
+        "--bare", action="store_true", help="also the gateway without its per-call extras (bare_gateway.py)"
+    )
     args = parser.parse_args()
-    main(args.clients, args.calls, args.era, args.rounds, args.before, args.paged)
+    main(args.clients, args.calls, args.era, args.rounds, args.before, args.paged, args.bare)
