@@ -436,3 +436,44 @@ async def test_what_a_crash_left_in_the_responses_folder_never_turns_offload_off
     if pinned:
         said = [line for line in log.splitlines() if "pinned" in line]
         assert len(said) == 1 and "remove it by hand" in said[0], log
+
+
+async def test_a_large_result_is_counted_off_the_event_loop_beside_its_conversion(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Counting a few MB's tokens takes tens of milliseconds: a result over the size limit is offloaded
+    without its count deciding it, and counted in the offload's thread once its conversion started;
+    a mid-size one is counted in a thread too. Only a small result is counted on the event loop."""
+    import threading
+
+    import gateway.plugin
+    import plugins.offload.query as query
+
+    loop_thread = threading.current_thread()
+    events: list[tuple[str, int, bool]] = []  # (what, size of the result's text, on the loop)
+    real_cost, real_tables_now = gateway.plugin.result_cost, query.tables_now
+
+    def result_cost(result: types.CallToolResult) -> Any:
+        size = sum(len(b.text) for b in result.content if isinstance(b, types.TextContent))
+        events.append(("count", size, threading.current_thread() is loop_thread))
+        return real_cost(result)
+
+    def tables_now(path: Path, kind: str, namespace: str = "") -> Any:
+        events.append(("convert", path.stat().st_size, threading.current_thread() is loop_thread))
+        return real_tables_now(path, kind, namespace)
+
+    monkeypatch.setattr(gateway.plugin, "result_cost", result_cost)
+    monkeypatch.setattr(query, "tables_now", tables_now)
+    settings = offload_settings(tmp_path, max_response_size=262144, max_response_tokens=100_000)
+    async with inproc(settings) as (_, session):
+        big = await call(session, "p__big", {"size": 2_000_000})
+        assert ref_of(big)["fileRef"]["tokens"] > 400_000  # counted all the same
+        counts = [e for e in events if e[0] == "count" and e[1] > 1_000_000]
+        assert counts and not any(on_loop for _, _, on_loop in counts), events
+        first = events.index(counts[0])
+        assert any(e[0] == "convert" for e in events[:first]), events  # the count overlaps the conversion
+        events.clear()
+        middle = await call(session, "p__echo", {"text": "word " * 8_000})  # 40 KB: under the limits
+        assert not middle.is_error and "fileRef" not in text_of(middle)
+        counts = [e for e in events if e[0] == "count" and e[1] >= 40_000]
+        assert counts and not any(on_loop for _, _, on_loop in counts), events

@@ -74,6 +74,10 @@ def _text_cost(text: str) -> tuple[int, int]:
     return utf8_size(text), estimate_tokens(text)
 
 
+def _text_size(text: str) -> int:
+    return part.size if (part := spill.of(text)) is not None else utf8_size(text)
+
+
 def _block_cost(block: Any) -> tuple[int, int]:
     if isinstance(block, types.TextContent):
         return _text_cost(block.text)
@@ -122,15 +126,40 @@ def result_cost(result: types.CallToolResult) -> Cost:
     return Cost(size, tokens, duplicate)
 
 
+def size_at_least(result: types.CallToolResult) -> int:
+    """A lower bound of `result_cost(result).size` without counting a token or writing any JSON: the bytes
+    of its content blocks' texts and media. A result above a size limit by this much is over it whatever
+    its tokens (`result_cost` counts those, tens of milliseconds for a few MB)."""
+    size = 0
+    for block in result.content:
+        if isinstance(block, types.TextContent):
+            size += _text_size(block.text)
+        elif isinstance(block, (types.ImageContent, types.AudioContent)):
+            size += len(block.data)
+        elif isinstance(block, types.EmbeddedResource):
+            res = block.resource
+            size += _text_size(res.text) if isinstance(res, types.TextResourceContents) else len(res.blob)
+    return size
+
+
+def duplicate_block(result: types.CallToolResult) -> int | None:
+    """`result_cost(result).duplicate` without counting tokens: the index of the text block its
+    `structuredContent` repeats, if any."""
+    if result.structured_content is None:
+        return None
+    text_blocks = [(i, b.text) for i, b in enumerate(result.content) if isinstance(b, types.TextContent)]
+    texts = [t for _, t in text_blocks]
+    structured = result.structured_content
+    raw = spill.of_value(structured)
+    found = _spilled_copy_of(raw, texts) if raw is not None else duplicated_text(structured, texts)
+    return None if found is None else text_blocks[found][0]
+
+
 def _structured_cost(structured: Any, texts: list[str]) -> tuple[int, int, int | None]:
     """Size and tokens of a structuredContent, and the text block it repeats (if any). Parts of it
     still on disk count at their own size (a spilled copy of a text has the text's own marker)."""
     if (raw := spill.of_value(structured)) is not None:
-        for i, text in enumerate(texts):
-            part = spill.of(text)
-            if part is not None and 0.8 * raw.size <= part.size <= 1.6 * raw.size and spill.same_json(part, raw):
-                return raw.size, raw.tokens, i
-        return raw.size, raw.tokens, None
+        return raw.size, raw.tokens, _spilled_copy_of(raw, texts)
     data = pydantic_core.to_json(structured)
     extra_size, extra_tokens = _on_disk(structured)
     size, found = len(data) + extra_size, duplicated_text(structured, texts, data)
@@ -139,6 +168,15 @@ def _structured_cost(structured: Any, texts: list[str]) -> tuple[int, int, int |
         # structuredContent): it adds nothing, and its count is not needed (a small call's cost, saved)
         return size, 0, found
     return size, estimate_tokens(data.decode()) + extra_tokens, found
+
+
+def _spilled_copy_of(raw: spill.Spilled, texts: list[str]) -> int | None:
+    """The text block a structuredContent still on disk repeats, compared on disk."""
+    for i, text in enumerate(texts):
+        part = spill.of(text)
+        if part is not None and 0.8 * raw.size <= part.size <= 1.6 * raw.size and spill.same_json(part, raw):
+            return i
+    return None
 
 
 def _on_disk(value: Any) -> tuple[int, int]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import re
 import string
 import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from operator import mul
 from typing import Any
@@ -83,6 +84,10 @@ SAMPLE_SLICES = 64
 SAMPLE_SLICE = 4096
 SAMPLE_MARGIN = 1.05
 EXACT_FROM = 1024  # characters: the first text this long loads the real tokenizers (shorter ones alone never do)
+# characters: a text this long is counted once per process and way of counting (a file read again, the
+# same result listed twice): an exact count takes ~0.13 ms per KB
+REMEMBER_FROM = 64 * 1024
+REMEMBERED = 256  # counts of long texts kept, the least recently used dropped
 # What `auto` counts exactly: the two families whose count is the largest on every corpus kind but JSON
 # schemas and HTML, and a margin above the largest real/counted over the tuning windows (1.087, o200k on
 # HTML); held out it never undercounts any of the four (bench/tokens.py)
@@ -109,6 +114,7 @@ class TokenEstimator:
         self.may_load = True  # whether a long text starts loading them (`[gateway] exact_tokens`)
         self.family = "auto"
         self._exact_families: tuple[str, ...] = AUTO_EXACT
+        self._remembered: OrderedDict[tuple[Any, ...], int] = OrderedDict()  # long texts' counts (`estimate`)
         self.set_family(family)
 
     def set_family(self, family: str) -> None:
@@ -167,8 +173,23 @@ class TokenEstimator:
 
     def estimate(self, text: str) -> int:
         """Tokens `text` will cost in the host's model, leaning high."""
-        if not text:
-            return 0
+        if len(text) < REMEMBER_FROM:
+            return self._estimate(text) if text else 0
+        # by length and hash (the str keeps its hash), and how it is counted now; the text is not kept
+        exact = self.exact and tokenizers.ready(self._exact_families) is not None
+        key = (len(text), hash(text), self.family, exact, *self._scales.values())
+        with self._lock:
+            if (known := self._remembered.get(key)) is not None:
+                self._remembered.move_to_end(key)
+                return known
+        count = self._estimate(text)
+        with self._lock:
+            self._remembered[key] = count
+            if len(self._remembered) > REMEMBERED:
+                self._remembered.popitem(last=False)
+        return count
+
+    def _estimate(self, text: str) -> int:
         if len(text) > SAMPLE_ABOVE:
             # Offloaded results reach tens of MB; 256 KB of slices tell their rate well enough.
             step = len(text) // SAMPLE_SLICES

@@ -16,7 +16,7 @@ import plugins.offload.table_csv as table_csv
 import plugins.offload.textfile as textfile
 from gateway.plugin import ToolCall
 from gateway.services import spill
-from gateway.services.costs import Cost, looks_like_json, meta_size
+from gateway.services.costs import duplicate_block, looks_like_json, meta_size
 from gateway.services.responses import ResponseStore, Saved, response_uri
 from gateway.services.text import human_size
 from plugins.offload.json_file import BrokenJSON, is_small
@@ -40,18 +40,19 @@ def offload(
     store: ResponseStore,
     call: ToolCall,
     result: types.CallToolResult,
-    cost: Cost,
     max_size: int,
     max_tokens: int,
     written: list[Path] | None = None,
 ) -> types.CallToolResult | None:
     """The result saved to files and replaced by one fileRef reply; None when nothing in it can be saved.
-    The reply states the result's cost (a structuredContent copy of the text counted once) as its size.
+    The reply states the result's cost (a structuredContent copy of the text counted once) as its size;
+    its tokens are counted here (`call.cost_of`), once the conversion of the saved file has started, so
+    the count and the conversion overlap and the event loop never waits for either.
     A write that fails (disk full, a file size limit) removes what this offload already wrote and raises.
     `written` receives the path of every file saved, so a caller whose call was cancelled can remove them."""
     parts: list[tuple[str, Saved]] = []
     try:
-        return _replace(store, call, result, cost, (max_size, max_tokens), parts)
+        return _replace(store, call, result, (max_size, max_tokens), parts)
     except BaseException:
         for _, saved in parts:
             saved.path.unlink(missing_ok=True)
@@ -65,7 +66,6 @@ def _replace(
     store: ResponseStore,
     call: ToolCall,
     result: types.CallToolResult,
-    cost: Cost,
     limits: tuple[int, int],
     parts: list[tuple[str, Saved]],
 ) -> types.CallToolResult | None:
@@ -79,11 +79,12 @@ def _replace(
         saved = store.save_text(f"{stem}__meta", pydantic_core.to_json(moved).decode(), "json")
         parts.append(("_meta", saved))
         meta = {**kept, META_NOTE: {"keys": sorted(moved), "id": saved.id, "sizeHint": human_size(saved.size)}}
+        cost = call.cost_of(result)
         if cost.size - big <= max_size and cost.tokens <= max_tokens:  # the rest may pass as it is
             return result.model_copy(update={"meta": meta})
     inline: list[Any] = []
     structured = result.structured_content
-    if structured is not None and cost.duplicate is None:
+    if structured is not None and duplicate_block(result) is None:
         if (raw := spill.of_value(structured)) is not None:
             parts.append(("structuredContent", store.adopt(stem, raw, "json")))
         else:
@@ -107,6 +108,9 @@ def _replace(
     if not parts:
         return None
     _, primary = max(parts, key=lambda p: p[1].size)
+    if primary.kind != "binary":
+        query.tables_now(primary.path, primary.kind, call.namespace)  # the conversion starts: the count overlaps it
+    cost = call.cost_of(result)
     ref: dict[str, Any] = {
         "id": primary.id,
         "path": str(primary.path),

@@ -68,3 +68,25 @@ def test_a_lone_surrogate_is_counted_not_raised() -> None:
     # an upstream's `\ud800` escape reaches the estimate as a lone surrogate; it used to raise there,
     # so offload passed such a result on uncounted
     assert tk.estimate_tokens("x" * 100 + "\ud800") > tk.estimate_tokens("x" * 100)
+
+
+def test_a_long_text_is_counted_once_per_way_of_counting(monkeypatch) -> None:
+    """A file read again costs no second count (tens of ms for a few MB with the real tokenizers); a
+    different text of the same length, another tokenizer family or a calibration counts anew."""
+    estimator = tk.TokenEstimator(exact=False)
+    counted: list[int] = []
+    real = estimator._estimate
+    monkeypatch.setattr(estimator, "_estimate", lambda text: counted.append(len(text)) or real(text))
+    text = "a line of a log file, 42 of them\n" * 3_000  # ~100 KB
+    first = estimator.estimate(text)
+    assert estimator.estimate(text) == first and estimator.estimate("".join(text)) == first
+    assert counted == [len(text)]
+    assert estimator.estimate(text[:-1] + "x") > 0 and len(counted) == 2  # same length, other text
+    estimator.set_family("cl100k")
+    assert estimator.estimate(text) != first and len(counted) == 3
+    estimator.set_scales({kind: 1.5 for kind in tk.KINDS})
+    estimator.estimate(text)
+    assert len(counted) == 4
+    short = "short text " * 100  # below REMEMBER_FROM: cheap, counted every time
+    estimator.estimate(short), estimator.estimate(short)
+    assert counted[-2:] == [len(short), len(short)]
