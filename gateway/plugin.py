@@ -11,6 +11,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import EllipsisType
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import mcp_types as types
@@ -56,12 +57,13 @@ class ToolCall:
             self._argument_tokens = json_tokens(self.arguments)
         return self._argument_tokens
 
-    def cost_of(self, result: types.CallToolResult) -> Cost:
+    def cost_of(self, result: types.CallToolResult, copy: int | EllipsisType | None = ...) -> Cost:
         """What `result` costs in the context (`costs.result_cost`), counted once per result object of
-        this call: offload, the monitor and the gateway's usage figures share the count."""
+        this call: offload, the monitor and the gateway's usage figures share the count. `copy`: the text
+        block its structuredContent repeats, when the caller has looked already."""
         found = self._costs.get(id(result))
         if found is None or found[0] is not result:
-            found = self._costs[id(result)] = (result, result_cost(result))
+            found = self._costs[id(result)] = (result, result_cost(result, copy))
         return found[1]
 
 

@@ -9,10 +9,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import anyio
 import mcp_types as types
 import pytest
 import token_corpus
-from conftest import call, inproc, make_settings, probe, run_cli, text_of, write_config
+from conftest import call, eventually, inproc, make_settings, probe, run_cli, text_of, write_config
 from mcp import MCPError
 
 from plugins.offload import json_file
@@ -453,10 +454,10 @@ async def test_a_large_result_is_counted_off_the_event_loop_beside_its_conversio
     events: list[tuple[str, int, bool]] = []  # (what, size of the result's text, on the loop)
     real_cost, real_tables_now = gateway.plugin.result_cost, query.tables_now
 
-    def result_cost(result: types.CallToolResult) -> Any:
+    def result_cost(result: types.CallToolResult, *known: Any) -> Any:
         size = sum(len(b.text) for b in result.content if isinstance(b, types.TextContent))
         events.append(("count", size, threading.current_thread() is loop_thread))
-        return real_cost(result)
+        return real_cost(result, *known)
 
     def tables_now(path: Path, kind: str, namespace: str = "") -> Any:
         events.append(("convert", path.stat().st_size, threading.current_thread() is loop_thread))
@@ -477,3 +478,48 @@ async def test_a_large_result_is_counted_off_the_event_loop_beside_its_conversio
         assert not middle.is_error and "fileRef" not in text_of(middle)
         counts = [e for e in events if e[0] == "count" and e[1] >= 40_000]
         assert counts and not any(on_loop for _, _, on_loop in counts), events
+
+
+async def test_a_result_to_count_never_waits_behind_the_callers_offloads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A caller's offloads may hold all its places in the offload share for seconds (a fileRef waits for
+    its tables): a mid-size result, counted to decide, is answered meanwhile."""
+    import threading
+
+    import plugins.offload.fileref as fileref
+
+    real_offload, release, holding = fileref.offload, threading.Event(), []
+
+    def held_offload(*args: Any) -> Any:
+        holding.append(1)
+        release.wait(30)  # stands in for a slow conversion the fileRef waits for
+        return real_offload(*args)
+
+    monkeypatch.setattr(fileref, "offload", held_offload)
+    settings = offload_settings(tmp_path, max_response_size=262144, max_response_tokens=100_000)
+    async with inproc(settings) as (_, session), anyio.create_task_group() as tg:
+        for _ in range(4):  # the caller's share of offloads
+            tg.start_soon(call, session, "p__big", {"size": 400_000})
+        await eventually(lambda: len(holding) == 4, what="four offloads under way")
+        try:
+            with anyio.fail_after(10):
+                middle = await call(session, "p__echo", {"text": "word " * 8_000})  # 40 KB: counted, not offloaded
+            assert "fileRef" not in text_of(middle)
+        finally:
+            release.set()
+
+
+async def test_an_offload_that_fails_unexpectedly_never_passes_the_oversized_result(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import plugins.offload.fileref as fileref
+
+    def broken(*args: Any) -> Any:
+        raise ValueError("Error serializing to JSON: surrogates not allowed")  # as pydantic says of a lone surrogate
+
+    monkeypatch.setattr(fileref, "offload", broken)
+    async with inproc(offload_settings(tmp_path, max_response_size=262144)) as (_, session):
+        result = await call(session, "p__big", {"size": 2_000_000})
+        assert result.is_error and len(text_of(result)) < 1000, text_of(result)[:200]
+        assert "too large for the context" in text_of(result) and "surrogates" in text_of(result)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import EllipsisType
 from typing import Any
 
 import mcp_types as types
@@ -107,15 +108,16 @@ def meta_size(meta: Any) -> int:
     return len(pydantic_core.to_json(meta)) + _on_disk(meta)[0]
 
 
-def result_cost(result: types.CallToolResult) -> Cost:
+def result_cost(result: types.CallToolResult, copy: int | EllipsisType | None = ...) -> Cost:
     """Bytes and tokens of what the model receives from this result (see the module docstring); a large
-    `_meta` adds its bytes."""
+    `_meta` adds its bytes. `copy`: `duplicate_block(result)` when it is known (not looked for again)."""
     costs = [_block_cost(block) for block in result.content]
     size, tokens = sum(c[0] for c in costs) + meta_size(result.meta), sum(c[1] for c in costs)
     duplicate = None
     if result.structured_content is not None:
         text_blocks = [(i, b.text) for i, b in enumerate(result.content) if isinstance(b, types.TextContent)]
-        s_size, s_tokens, found = _structured_cost(result.structured_content, [t for _, t in text_blocks])
+        known = copy if copy is ... or copy is None else [i for i, _ in text_blocks].index(copy)
+        s_size, s_tokens, found = _structured_cost(result.structured_content, [t for _, t in text_blocks], known)
         if found is None:
             size, tokens = size + s_size, tokens + s_tokens
         else:
@@ -155,14 +157,19 @@ def duplicate_block(result: types.CallToolResult) -> int | None:
     return None if found is None else text_blocks[found][0]
 
 
-def _structured_cost(structured: Any, texts: list[str]) -> tuple[int, int, int | None]:
-    """Size and tokens of a structuredContent, and the text block it repeats (if any). Parts of it
-    still on disk count at their own size (a spilled copy of a text has the text's own marker)."""
+def _structured_cost(
+    structured: Any, texts: list[str], found: int | EllipsisType | None = ...
+) -> tuple[int, int, int | None]:
+    """Size and tokens of a structuredContent, and the text (of `texts`) it repeats, if any (`found`, when
+    known already). Parts of it still on disk count at their own size (a spilled copy of a text has the
+    text's own marker)."""
     if (raw := spill.of_value(structured)) is not None:
-        return raw.size, raw.tokens, _spilled_copy_of(raw, texts)
+        return raw.size, raw.tokens, _spilled_copy_of(raw, texts) if found is ... else found
     data = pydantic_core.to_json(structured)
     extra_size, extra_tokens = _on_disk(structured)
-    size, found = len(data) + extra_size, duplicated_text(structured, texts, data)
+    size = len(data) + extra_size
+    if found is ...:
+        found = duplicated_text(structured, texts, data)
     if found is not None and not extra_size and size <= utf8_size(texts[found]):
         # the text block says the same in as many bytes or more (a server's indented copy of its compact
         # structuredContent): it adds nothing, and its count is not needed (a small call's cost, saved)

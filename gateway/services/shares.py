@@ -147,6 +147,12 @@ def offload_pool() -> Pool:
     return pool("offload", total=16, per_caller=4, noun="offloads", wait_own=300.0, wait_all=300.0)
 
 
+def count_pool() -> Pool:
+    """Counting a long result's tokens to decide whether it is offloaded (tens of ms for a few hundred KB),
+    off the event loop; never behind the caller's file writes, which may wait seconds for tables."""
+    return pool("count", total=8, per_caller=2, noun="token counts", wait_own=300.0, wait_all=300.0)
+
+
 def explore_pool() -> Pool:
     """The offload explore tools' file work (outline, slice, search, compress) in the gateway process."""
     return pool("explore", total=16, per_caller=4, noun="response_* calls")

@@ -175,19 +175,25 @@ class TokenEstimator:
         """Tokens `text` will cost in the host's model, leaning high."""
         if len(text) < REMEMBER_FROM:
             return self._estimate(text) if text else 0
-        # by length and hash (the str keeps its hash), and how it is counted now; the text is not kept
-        exact = self.exact and tokenizers.ready(self._exact_families) is not None
-        key = (len(text), hash(text), self.family, exact, *self._scales.values())
+        key = self._key(text)
         with self._lock:
             if (known := self._remembered.get(key)) is not None:
                 self._remembered.move_to_end(key)
                 return known
         count = self._estimate(text)
+        if self._key(text) != key:  # the way of counting changed meanwhile (tokenizers ready, a calibration)
+            return count
         with self._lock:
             self._remembered[key] = count
             if len(self._remembered) > REMEMBERED:
                 self._remembered.popitem(last=False)
         return count
+
+    def _key(self, text: str) -> tuple[Any, ...]:
+        """A long text as `estimate` remembers it: its length and hash (the str keeps its hash; the text
+        itself is not kept), and how it is counted now."""
+        exact = self.exact and tokenizers.ready(self._exact_families) is not None
+        return (len(text), hash(text), self.family, exact, *self._scales.values())
 
     def _estimate(self, text: str) -> int:
         if len(text) > SAMPLE_ABOVE:

@@ -84,7 +84,8 @@ def _replace(
             return result.model_copy(update={"meta": meta})
     inline: list[Any] = []
     structured = result.structured_content
-    if structured is not None and duplicate_block(result) is None:
+    copy = duplicate_block(result)  # looked for once: the count below is told
+    if structured is not None and copy is None:
         if (raw := spill.of_value(structured)) is not None:
             parts.append(("structuredContent", store.adopt(stem, raw, "json")))
         else:
@@ -110,7 +111,7 @@ def _replace(
     _, primary = max(parts, key=lambda p: p[1].size)
     if primary.kind != "binary":
         query.tables_now(primary.path, primary.kind, call.namespace)  # the conversion starts: the count overlaps it
-    cost = call.cost_of(result)
+    cost = call.cost_of(result, copy)
     ref: dict[str, Any] = {
         "id": primary.id,
         "path": str(primary.path),

@@ -30,8 +30,8 @@ from plugins.offload.paths import PathError
 
 log = logging.getLogger("plugins.offload")
 LOW_SPACE = 64 * 1024 * 1024  # below this, status and inspect warn
-# bytes: a longer result's tokens are counted in a thread of its caller's share (an exact count takes
-# ~0.13 ms per KB: 2 ms here, 40 ms for 300 KB, which the loop would not serve anyone else meanwhile)
+# bytes: a longer result under the size limit is counted in a thread of its caller's share of counts (an
+# exact count takes ~0.13 ms per KB: 2 ms here, 40 ms for 300 KB, the loop serving nobody meanwhile)
 COUNT_APART_ABOVE = 16 * 1024
 
 
@@ -140,41 +140,47 @@ class OffloadPlugin(Plugin):
             for t in tools
         ]
 
-    def _limits(self, call: ToolCall, result: types.CallToolResult) -> tuple[int, int] | None:
-        """(max size, max tokens) when `result` is to be offloaded, else None: it goes out as it is."""
+    def _limits(self, call: ToolCall) -> tuple[str, int, int] | None:
+        """The call's offload policy and (max size, max tokens); None when its results are never offloaded."""
         if call.server is None:
             return None
         policy = self._policy(call.server, call.tool)
         if policy == "never":
             return None
         window = self._ctx().window
-        max_size = window.max_response_size(call.server)
-        max_tokens = window.max_response_tokens(call.server, call.session_id)
-        if policy == "auto" and size_at_least(result) <= max_size:
-            # a result over the size limit is offloaded whatever its tokens: they are counted while the
-            # file is converted (`fileref.offload`), off the event loop, not here
-            cost = call.cost_of(result)
-            if cost.size <= max_size and cost.tokens <= max_tokens:
-                return None
-        return max_size, max_tokens
+        return policy, window.max_response_size(call.server), window.max_response_tokens(call.server, call.session_id)
+
+    @staticmethod
+    def _over(call: ToolCall, result: types.CallToolResult, max_size: int, max_tokens: int) -> bool:
+        cost = call.cost_of(result)
+        return cost.size > max_size or cost.tokens > max_tokens
 
     def on_tool_result_now(self, call: ToolCall, result: types.CallToolResult) -> types.CallToolResult | None:
-        if size_at_least(result) > COUNT_APART_ABOVE:
-            return None  # its count waits in a thread, as writing the file does
-        return result if self._limits(call, result) is None else None
+        if (limits := self._limits(call)) is None:
+            return result
+        policy, max_size, max_tokens = limits
+        size = size_at_least(result) if policy == "auto" else max_size + 1
+        if size > max_size or size > COUNT_APART_ABOVE:
+            return None  # writing the file waits, or its count does (in a thread)
+        return None if self._over(call, result, max_size, max_tokens) else result
 
     async def on_tool_result(self, call: ToolCall, result: types.CallToolResult) -> types.CallToolResult:
-        limits: tuple[int, int] | None = None
-        try:
-            if size_at_least(result) > COUNT_APART_ABOVE:  # the event loop only waits for its count
-                limits = await shares.offload_pool().run(call.namespace, self._limits, call, result)
-            else:
-                limits = self._limits(call, result)
-        except shares.Busy:  # no place for minutes: counted here rather than never
-            limits = self._limits(call, result)
-        if limits is None:
+        if (limits := self._limits(call)) is None:
             return result
-        max_size, max_tokens = limits
+        policy, max_size, max_tokens = limits
+        # a result over the size limit is offloaded whatever its tokens: they are counted while its file
+        # is converted (`fileref.offload`), off the event loop; one under it is counted to decide, in a
+        # thread of the caller's share of counts when it is long (the event loop only waits)
+        if policy == "auto" and (size := size_at_least(result)) <= max_size:
+            if size <= COUNT_APART_ABOVE:
+                over = self._over(call, result, max_size, max_tokens)
+            else:
+                try:
+                    over = await shares.count_pool().run(call.namespace, self._over, call, result, max_size, max_tokens)
+                except shares.Busy:  # no place for minutes: counted here rather than never
+                    over = self._over(call, result, max_size, max_tokens)
+            if not over:
+                return result
         responses = self._ctx().responses_for(call.namespace)
         written: list[Path] = []
         try:
@@ -190,12 +196,21 @@ class OffloadPlugin(Plugin):
             return error_result(f"The result of {call.name} is too large for the context and {exc}")
         except OSError as exc:  # never the oversized result instead: it would flood the context
             log.error("offload of %s failed: %s", call.name, exc)
-            cost = await anyio.to_thread.run_sync(call.cost_of, result)  # counted once: cached if the write had
+            try:  # cached if the write had counted it
+                cost = await shares.count_pool().run(call.namespace, call.cost_of, result)
+            except shares.Busy:
+                cost = call.cost_of(result)
             return error_result(
                 f"The result of {call.name} ({human_size(cost.size)}, ~{cost.tokens} tokens) is too large for the "
                 f"context and could not be saved to the workspace ({exc.strerror or exc}; "
                 f"{human_size(free_space(responses.folder))} free in {responses.folder}). Run "
                 "`mcp-context-gateway clean` or free disk space, then call the tool again."
+            )
+        except Exception as exc:  # whatever it was, never the oversized result instead
+            log.exception("offload of %s failed", call.name)
+            return error_result(
+                f"The result of {call.name} is too large for the context and could not be saved to the workspace "
+                f"({type(exc).__name__}: {str(exc)[:200]}); the gateway's log has the details."
             )
         heap.give_back_soon()  # the result's pages, once the reply is written and its text freed
         if replaced is None:

@@ -90,3 +90,20 @@ def test_a_long_text_is_counted_once_per_way_of_counting(monkeypatch) -> None:
     short = "short text " * 100  # below REMEMBER_FROM: cheap, counted every time
     estimator.estimate(short), estimator.estimate(short)
     assert counted[-2:] == [len(short), len(short)]
+
+
+def test_a_count_taken_while_the_way_of_counting_changed_is_not_remembered(monkeypatch) -> None:
+    text = "a line of a log file, 42 of them\n" * 3_000
+    true_count = tk.TokenEstimator(exact=False).estimate(text)
+    estimator = tk.TokenEstimator(exact=False)
+    real = estimator._estimate
+
+    def calibrated_meanwhile(counted: str) -> int:
+        estimator.set_scales(dict.fromkeys(tk.KINDS, 1.5))  # a calibration lands during the count
+        return real(counted)
+
+    monkeypatch.setattr(estimator, "_estimate", calibrated_meanwhile)
+    assert estimator.estimate(text) > true_count
+    monkeypatch.setattr(estimator, "_estimate", real)
+    estimator.set_scales(dict.fromkeys(tk.KINDS, 1.0))  # back as it was: the count must be too
+    assert estimator.estimate(text) == true_count
