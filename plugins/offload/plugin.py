@@ -198,10 +198,11 @@ class OffloadPlugin(Plugin):
             log.error("offload of %s failed: %s", call.name, exc)
             try:  # cached if the write had counted it
                 cost = await shares.count_pool().run(call.namespace, call.cost_of, result)
-            except shares.Busy:
-                cost = call.cost_of(result)
+                figures = f"{human_size(cost.size)}, ~{cost.tokens} tokens"
+            except Exception:  # Busy for minutes, or a result that cannot be counted: its bytes then
+                figures = f"at least {human_size(size_at_least(result))}"
             return error_result(
-                f"The result of {call.name} ({human_size(cost.size)}, ~{cost.tokens} tokens) is too large for the "
+                f"The result of {call.name} ({figures}) is too large for the "
                 f"context and could not be saved to the workspace ({exc.strerror or exc}; "
                 f"{human_size(free_space(responses.folder))} free in {responses.folder}). Run "
                 "`mcp-context-gateway clean` or free disk space, then call the tool again."
