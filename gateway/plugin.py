@@ -57,6 +57,11 @@ class ToolCall:
             self._argument_tokens = json_tokens(self.arguments)
         return self._argument_tokens
 
+    def counted(self, result: types.CallToolResult) -> bool:
+        """Whether `cost_of(result)` is known already (it costs nothing then)."""
+        found = self._costs.get(id(result))
+        return found is not None and found[0] is result
+
     def cost_of(self, result: types.CallToolResult, copy: int | EllipsisType | None = ...) -> Cost:
         """What `result` costs in the context (`costs.result_cost`), counted once per result object of
         this call: offload, the monitor and the gateway's usage figures share the count. `copy`: the text

@@ -269,3 +269,30 @@ async def test_a_fifo_in_place_of_the_bridge_file_never_stalls_the_gateway(tmp_p
                 assert text_of(await call(session, "p__echo", {"text": "hi"})).startswith("hi")
                 status = (await call(session, "context_status", {"session_id": "s"})).structured_content
             assert "reported by the host" not in json.dumps(status)
+
+
+async def test_a_long_result_nobody_offloads_is_counted_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server whose results are never offloaded: the monitor counts its long result in a thread (an
+    exact count of a few MB holds the loop for tens of ms); a short one it counts at once."""
+    import threading
+
+    import gateway.plugin
+
+    loop_thread = threading.current_thread()
+    counted: list[tuple[int, bool]] = []  # (text length, on the loop)
+    real_cost = gateway.plugin.result_cost
+
+    def result_cost(result: types.CallToolResult, *known: object) -> object:
+        size = sum(len(b.text) for b in result.content if isinstance(b, types.TextContent))
+        counted.append((size, threading.current_thread() is loop_thread))
+        return real_cost(result, *known)
+
+    monkeypatch.setattr(gateway.plugin, "result_cost", result_cost)
+    servers = {"p": probe("p", offload_tools={"echo": "never"})}
+    async with inproc(make_settings(tmp_path, servers, plugins=["offload", "monitor"])) as (gateway, session):
+        text = "word " * 100_000  # 500 KB, passed on whole
+        assert text_of(await call(session, "p__echo", {"text": text})) == text
+        assert counted and all(not on_loop for size, on_loop in counted if size >= len(text)), counted
+        assert gateway.pipeline.status("stdio")["monitor"]["results"] > 100_000  # and it counts in the figures

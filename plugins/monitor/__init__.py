@@ -9,6 +9,7 @@ that figure replaces the ledger.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,8 +17,9 @@ from typing import Any
 import mcp_types as types
 
 from gateway.plugin import GatewayContext, Plugin, ToolCall
+from gateway.services import shares
 from gateway.services.context_levels import Debounce, level_for, note_text
-from gateway.services.costs import definition_tokens
+from gateway.services.costs import COUNT_APART_ABOVE, definition_tokens, size_at_least
 from gateway.services.namespaced import PerNamespace
 from gateway.services.tokens import estimate_tokens
 
@@ -78,9 +80,15 @@ class MonitorPlugin(Plugin):
         return tools
 
     async def on_tool_result(self, call: ToolCall, result: types.CallToolResult) -> types.CallToolResult:
-        return self.on_tool_result_now(call, result)
+        if _long(call, result):  # counted in a thread (the event loop only waits); below if it could not be
+            with contextlib.suppress(Exception):
+                await shares.count_pool().run(call.namespace, call.cost_of, result)
+        return self._noted(call, result)
 
-    def on_tool_result_now(self, call: ToolCall, result: types.CallToolResult) -> types.CallToolResult:
+    def on_tool_result_now(self, call: ToolCall, result: types.CallToolResult) -> types.CallToolResult | None:
+        return None if _long(call, result) else self._noted(call, result)
+
+    def _noted(self, call: ToolCall, result: types.CallToolResult) -> types.CallToolResult:
         try:
             ledger = self._ledger(call.session_id, call.namespace)
             ledger.calls += 1
@@ -111,3 +119,9 @@ class MonitorPlugin(Plugin):
             "level": "unknown" if remaining is None else (level_for(remaining) or "ok"),
             "source": source,
         }
+
+
+def _long(call: ToolCall, result: types.CallToolResult) -> bool:
+    """A result not counted yet (a server whose results are never offloaded, the gateway's own tools)
+    and long enough that its count should not hold the event loop."""
+    return not call.counted(result) and size_at_least(result) > COUNT_APART_ABOVE
