@@ -7,6 +7,7 @@ for building tools are `gateway.handlers`, `gateway.args` and `gateway.results`.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,7 +19,8 @@ import mcp_types as types
 from pydantic import BaseModel
 
 from gateway.progress import ProgressReporter, no_progress
-from gateway.services.costs import Cost, result_cost
+from gateway.services import shares
+from gateway.services.costs import COUNT_APART_ABOVE, Cost, result_cost, size_at_least
 from gateway.services.responses import ResponseStore, seen_on_host
 from gateway.services.storage import Storage
 from gateway.services.tokens import json_tokens
@@ -61,6 +63,14 @@ class ToolCall:
         """Whether `cost_of(result)` is known already (it costs nothing then)."""
         found = self._costs.get(id(result))
         return found is not None and found[0] is result
+
+    async def cost_apart(self, result: types.CallToolResult) -> Cost:
+        """`cost_of(result)` for a caller on the event loop: a long result not counted yet is counted in a
+        thread of this caller's share of counts (the loop only waits), here when none is free for minutes."""
+        if not self.counted(result) and size_at_least(result) > COUNT_APART_ABOVE:
+            with contextlib.suppress(shares.Busy):
+                return await shares.count_pool().run(self.namespace, self.cost_of, result)
+        return self.cost_of(result)
 
     def cost_of(self, result: types.CallToolResult, copy: int | EllipsisType | None = ...) -> Cost:
         """What `result` costs in the context (`costs.result_cost`), counted once per result object of

@@ -17,7 +17,6 @@ from typing import Any
 import mcp_types as types
 
 from gateway.plugin import GatewayContext, Plugin, ToolCall
-from gateway.services import shares
 from gateway.services.context_levels import Debounce, level_for, note_text
 from gateway.services.costs import COUNT_APART_ABOVE, definition_tokens, size_at_least
 from gateway.services.namespaced import PerNamespace
@@ -80,13 +79,16 @@ class MonitorPlugin(Plugin):
         return tools
 
     async def on_tool_result(self, call: ToolCall, result: types.CallToolResult) -> types.CallToolResult:
-        if _long(call, result):  # counted in a thread (the event loop only waits); below if it could not be
-            with contextlib.suppress(Exception):
-                await shares.count_pool().run(call.namespace, call.cost_of, result)
+        with contextlib.suppress(Exception):  # a result that cannot be counted: `_noted` says so
+            await call.cost_apart(result)
         return self._noted(call, result)
 
     def on_tool_result_now(self, call: ToolCall, result: types.CallToolResult) -> types.CallToolResult | None:
-        return None if _long(call, result) else self._noted(call, result)
+        # a long result not counted yet (a server whose results are never offloaded, the gateway's own
+        # tools) is counted in a thread
+        if not call.counted(result) and size_at_least(result) > COUNT_APART_ABOVE:
+            return None
+        return self._noted(call, result)
 
     def _noted(self, call: ToolCall, result: types.CallToolResult) -> types.CallToolResult:
         try:
@@ -119,9 +121,3 @@ class MonitorPlugin(Plugin):
             "level": "unknown" if remaining is None else (level_for(remaining) or "ok"),
             "source": source,
         }
-
-
-def _long(call: ToolCall, result: types.CallToolResult) -> bool:
-    """A result not counted yet (a server whose results are never offloaded, the gateway's own tools)
-    and long enough that its count should not hold the event loop."""
-    return not call.counted(result) and size_at_least(result) > COUNT_APART_ABOVE

@@ -73,18 +73,18 @@ def _replace(
     max_size, max_tokens = limits
     stem = f"{call.server}__{call.tool}"
     meta = result.meta
+    copy = duplicate_block(result)  # looked for once: the count is told
     if (big := meta_size(meta)) > META_INLINE:  # a huge `_meta` (a trace, a debug dump): large keys to a file
         kept = {k: v for k, v in meta.items() if meta_size({k: v}) <= META_KEY_INLINE}
         moved = {k: spill.restored(v) for k, v in meta.items() if k not in kept}
         saved = store.save_text(f"{stem}__meta", pydantic_core.to_json(moved).decode(), "json")
         parts.append(("_meta", saved))
         meta = {**kept, META_NOTE: {"keys": sorted(moved), "id": saved.id, "sizeHint": human_size(saved.size)}}
-        cost = call.cost_of(result)
+        cost = call.cost_of(result, copy)
         if cost.size - big <= max_size and cost.tokens <= max_tokens:  # the rest may pass as it is
             return result.model_copy(update={"meta": meta})
     inline: list[Any] = []
     structured = result.structured_content
-    copy = duplicate_block(result)  # looked for once: the count below is told
     if structured is not None and copy is None:
         if (raw := spill.of_value(structured)) is not None:
             parts.append(("structuredContent", store.adopt(stem, raw, "json")))

@@ -147,36 +147,24 @@ class OffloadPlugin(Plugin):
         window = self._ctx().window
         return policy, window.max_response_size(call.server), window.max_response_tokens(call.server, call.session_id)
 
-    @staticmethod
-    def _over(call: ToolCall, result: types.CallToolResult, max_size: int, max_tokens: int) -> bool:
-        cost = call.cost_of(result)
-        return cost.size > max_size or cost.tokens > max_tokens
-
     def on_tool_result_now(self, call: ToolCall, result: types.CallToolResult) -> types.CallToolResult | None:
         if (limits := self._limits(call)) is None:
             return result
         policy, max_size, max_tokens = limits
-        size = size_at_least(result) if policy == "auto" else max_size + 1
-        if size > max_size or size > COUNT_APART_ABOVE:
+        if policy != "auto" or size_at_least(result) > min(max_size, COUNT_APART_ABOVE):
             return None  # writing the file waits, or its count does (in a thread)
-        return None if self._over(call, result, max_size, max_tokens) else result
+        cost = call.cost_of(result)
+        return None if cost.size > max_size or cost.tokens > max_tokens else result
 
     async def on_tool_result(self, call: ToolCall, result: types.CallToolResult) -> types.CallToolResult:
         if (limits := self._limits(call)) is None:
             return result
         policy, max_size, max_tokens = limits
         # a result over the size limit is offloaded whatever its tokens: they are counted while its file
-        # is converted (`fileref.offload`), off the event loop; one under it is counted to decide, in a
-        # thread of the caller's share of counts when it is long (the event loop only waits)
-        if policy == "auto" and (size := size_at_least(result)) <= max_size:
-            if size <= COUNT_APART_ABOVE:
-                over = self._over(call, result, max_size, max_tokens)
-            else:
-                try:
-                    over = await shares.count_pool().run(call.namespace, self._over, call, result, max_size, max_tokens)
-                except shares.Busy:  # no place for minutes: counted here rather than never
-                    over = self._over(call, result, max_size, max_tokens)
-            if not over:
+        # is converted (`fileref.offload`), off the event loop; one under it is counted to decide
+        if policy == "auto" and size_at_least(result) <= max_size:
+            cost = await call.cost_apart(result)
+            if cost.size <= max_size and cost.tokens <= max_tokens:
                 return result
         responses = self._ctx().responses_for(call.namespace)
         written: list[Path] = []
@@ -194,9 +182,9 @@ class OffloadPlugin(Plugin):
         except OSError as exc:  # never the oversized result instead: it would flood the context
             log.error("offload of %s failed: %s", call.name, exc)
             try:  # cached if the write had counted it
-                cost = await shares.count_pool().run(call.namespace, call.cost_of, result)
+                cost = await call.cost_apart(result)
                 figures = f"{human_size(cost.size)}, ~{cost.tokens} tokens"
-            except Exception:  # Busy for minutes, or a result that cannot be counted: its bytes then
+            except Exception:  # a result that cannot be counted: its bytes then
                 figures = f"at least {human_size(size_at_least(result))}"
             return error_result(
                 f"The result of {call.name} ({figures}) is too large for the "
