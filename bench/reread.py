@@ -8,7 +8,9 @@ logs, source). Each round starts a gateway (default settings) in front of the np
 reads a small file and waits 4 s so that the real tokenizers have loaded (as in a gateway a host keeps
 running), then reads FILE `--reads` times, 0.5 s apart; the two checkouts alternate round by round,
 every other round in the other order. Printed per file and checkout: the median first read and the
-median of the reads after it, in ms.
+median of the reads after it, in ms. With `--sql`, each read is followed at once by that response_query on
+its result (as a model asks right after the fileRef): the median first query and the median of the later
+ones are printed too.
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ import answers
 HERE = str(Path(__file__).resolve().parent.parent)
 
 
-async def reads(source: str, name: str, count: int) -> list[float]:
-    """The seconds of `count` reads of `name` through a fresh gateway run from `source`."""
+async def reads(source: str, name: str, count: int, sql: str) -> tuple[list[float], list[float]]:
+    """The seconds of `count` reads of `name` through a fresh gateway run from `source`, and of the query
+    `sql` after each (none without it)."""
     work = Path(tempfile.mkdtemp(prefix="ctx-bench-reread-"))
     config = work / "gw.toml"
     config.write_text(
@@ -47,7 +50,7 @@ async def reads(source: str, name: str, count: int) -> list[float]:
         env={**os.environ, "PYTHONPATH": source},
         cwd=source,
     )
-    took = []
+    took, asked = [], []
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
         await session.call_tool("fs__read_text_file", {"path": str(answers.DATA / "utils.py")})
@@ -57,21 +60,37 @@ async def reads(source: str, name: str, count: int) -> list[float]:
             result = await session.call_tool("fs__read_text_file", {"path": str(answers.DATA / name)})
             took.append(time.perf_counter() - began)
             assert not result.is_error and "fileRef" in result.content[0].text, result
+            if sql:
+                ref = json.loads(result.content[0].text)["fileRef"]["id"]
+                began = time.perf_counter()
+                answer = await session.call_tool("response_query", {"path": ref, "sql": sql})
+                asked.append(time.perf_counter() - began)
+                assert not answer.is_error, answer
             await anyio.sleep(0.5)
-    return took
+    return took, asked
 
 
-async def main(files: list[str], before: str, rounds: int, count: int) -> None:
+def medians(runs: list[list[float]]) -> tuple[float, float]:
+    """The median first and the median of the rest, in ms."""
+    return statistics.median(run[0] for run in runs) * 1000, statistics.median(
+        t for run in runs for t in run[1:]
+    ) * 1000
+
+
+async def main(files: list[str], before: str, rounds: int, count: int, sql: str) -> None:
     sides = [("this checkout", HERE), (f"from {before}", before)]
     for name in files:
-        runs: dict[str, list[list[float]]] = {label: [] for label, _ in sides}
+        runs: dict[str, list[tuple[list[float], list[float]]]] = {label: [] for label, _ in sides}
         for r in range(rounds):
             for label, source in sides if r % 2 == 0 else sides[::-1]:
-                runs[label].append(await reads(source, name, count))
+                runs[label].append(await reads(source, name, count, sql))
         for label, _ in sides:
-            first = statistics.median(run[0] for run in runs[label]) * 1000
-            again = statistics.median(t for run in runs[label] for t in run[1:]) * 1000
-            print(f"{name:28} {label:30} first read {first:5.0f} ms, read again {again:5.0f} ms")
+            first, again = medians([took for took, _ in runs[label]])
+            line = f"{name:28} {label:30} first read {first:5.0f} ms, read again {again:5.0f} ms"
+            if sql:
+                first, again = medians([asked for _, asked in runs[label]])
+                line += f"; first query {first:4.0f} ms, later queries {again:4.0f} ms"
+            print(line)
 
 
 if __name__ == "__main__":
@@ -80,6 +99,9 @@ if __name__ == "__main__":
     parser.add_argument("--before", required=True, help="another checkout, measured in the same rounds")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--reads", type=int, default=6)
+    parser.add_argument(
+        "--sql", default="", help="a response_query asked after each read, e.g. SELECT count(*) FROM lines"
+    )
     args = parser.parse_args()
     answers.setup()
-    anyio.run(main, args.files, args.before, args.rounds, args.reads)
+    anyio.run(main, args.files, args.before, args.rounds, args.reads, args.sql)

@@ -71,8 +71,8 @@ _TABLES: VersionedCache[list[Table]] = VersionedCache(max_items=32)  # profiled
 _LOADED: VersionedCache[list[Table]] = VersionedCache(max_items=32)  # in the DuckDB file; profiles may follow
 _FAILED: VersionedCache[str] = VersionedCache(max_items=64)  # why a background conversion failed
 _PREPARING: dict[str, float] = {}  # results converting in the background: since when (monotonic)
-_RUNNING: set[subprocess.Popen[bytes]] = set()
-_IDLE: dict[str, list[tuple[float, subprocess.Popen[bytes]]]] = {}  # warm workers per namespace, newest last
+_RUNNING: set[_Process] = set()
+_IDLE: dict[str, list[tuple[float, _Process]]] = {}  # warm workers per namespace, newest last
 _RUNNING_LOCK = threading.Lock()
 _ROOT = str(Path(__file__).resolve().parent.parent.parent)  # the folder holding `plugins`
 _TEMP_PREFIX = "ctx-sql-"
@@ -113,8 +113,9 @@ def _slot(namespace: str, token: Any = None, pool: shares.Pool | None = None) ->
 
 
 def _private_temp() -> Path:
-    """A fresh folder for one query's spill files, outside the responses folder (nothing a later query or
-    a restart reads); those left by a gateway that was killed are removed at the first query."""
+    """A fresh folder for one worker process's spill files, outside the responses folder (nothing a later
+    query or a restart reads); those left by a gateway that was killed are removed at the first worker's
+    start."""
     base = Path(tempfile.gettempdir())
     if not _SWEPT.is_set():
         _SWEPT.set()
@@ -123,6 +124,23 @@ def _private_temp() -> Path:
             if pid.isdigit() and int(pid) != os.getpid() and not process_alive(int(pid)):
                 shutil.rmtree(old, ignore_errors=True)
     return Path(tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{os.getpid()}-", dir=base))
+
+
+class _Process(subprocess.Popen[bytes]):
+    """A worker process, with the folder its queries spill into (removed with it) and the database file
+    its last query read (it keeps that one open: the next query on it is sent there if it is idle)."""
+
+    temp: Path | None = None
+    serves: tuple[int, int] | None = None
+
+
+def _file_key(path: Path) -> tuple[int, int] | None:
+    """The file a path names (another result's link to the same tables is the same file), or None."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 class _Spawner:
@@ -134,7 +152,7 @@ class _Spawner:
         self.thread: threading.Thread | None = None
         self.lock = threading.Lock()
 
-    def start(self) -> subprocess.Popen[bytes]:
+    def start(self) -> _Process:
         with self.lock:
             if self.thread is None or not self.thread.is_alive():
                 self.thread = threading.Thread(target=self._run, name="sql-workers", daemon=True)
@@ -151,18 +169,22 @@ class _Spawner:
         path = os.pathsep.join(filter(None, [_ROOT, os.environ.get("PYTHONPATH")]))
         while True:
             box, done = self.requests.get()
+            temp = None
             try:
-                box.append(
-                    subprocess.Popen(
-                        [sys.executable, "-m", "plugins.offload.sql_worker", str(IDLE_SECONDS)],
-                        stdin=subprocess.PIPE,
-                        stdout=subprocess.PIPE,
-                        stderr=subprocess.DEVNULL,
-                        env={**os.environ, "PYTHONPATH": path, PARENT_ENV: str(os.getpid())},
-                        cwd=_ROOT,
-                    )
+                temp = _private_temp()
+                proc = _Process(
+                    [sys.executable, "-m", "plugins.offload.sql_worker", str(IDLE_SECONDS), str(temp)],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                    env={**os.environ, "PYTHONPATH": path, PARENT_ENV: str(os.getpid())},
+                    cwd=_ROOT,
                 )
+                proc.temp = temp
+                box.append(proc)
             except Exception as exc:  # handed to the caller
+                if temp is not None:
+                    shutil.rmtree(temp, ignore_errors=True)
                 box.append(exc)
             done.set()
 
@@ -170,7 +192,7 @@ class _Spawner:
 _SPAWNER = _Spawner()
 
 
-def _close(proc: subprocess.Popen[bytes]) -> None:
+def _close(proc: _Process) -> None:
     if proc.poll() is None:
         proc.kill()
     proc.wait()
@@ -178,10 +200,13 @@ def _close(proc: subprocess.Popen[bytes]) -> None:
         if pipe is not None:
             with contextlib.suppress(OSError):
                 pipe.close()
+    if proc.temp is not None:  # what its queries spilled is gone with it
+        shutil.rmtree(proc.temp, ignore_errors=True)
 
 
-def _take(namespace: str) -> subprocess.Popen[bytes] | None:
-    """A warm worker of this namespace (never another's), the most recent; old and dead ones ended."""
+def _take(namespace: str, prefer: tuple[int, int] | None = None) -> _Process | None:
+    """A warm worker of this namespace (never another's): the one keeping the database file `prefer` open
+    if it waits, else the most recent; old and dead ones ended."""
     now, found, ended = time.monotonic(), None, []
     with _RUNNING_LOCK:
         for caller, idle in list(_IDLE.items()):
@@ -191,7 +216,9 @@ def _take(namespace: str) -> subprocess.Popen[bytes] | None:
                     idle.remove(item)
                     ended.append(proc)
             if caller == namespace and idle and found is None:
-                found = idle.pop()[1]
+                keeps = [item for item in idle if prefer is not None and item[1].serves == prefer]
+                found = (keeps or idle)[-1][1]
+                idle.remove((keeps or idle)[-1])
             if not idle:
                 del _IDLE[caller]
     for proc in ended:
@@ -206,7 +233,7 @@ def _idle_caps() -> tuple[int, int]:
     return sum(p.per_caller for p in pools), sum(p.total for p in pools)
 
 
-def _give(namespace: str, proc: subprocess.Popen[bytes]) -> None:
+def _give(namespace: str, proc: _Process) -> None:
     """Keep a worker warm for its namespace's next request, within `_idle_caps`."""
     per_caller, total = _idle_caps()
     ended = []
@@ -249,10 +276,8 @@ class _Worker:
 
     def __init__(self, request: dict[str, Any], seconds: float, wall: float, namespace: str = "", spare: bool = False):
         self.namespace = namespace
-        self.temp = _private_temp() if request["op"] == "query" else None
-        if self.temp is not None:
-            request = {**request, "temp_directory": str(self.temp)}
-        warm = _take(namespace)
+        self.reads = _file_key(Path(request["db"])) if request["op"] == "query" else None
+        warm = _take(namespace, self.reads)
         self.proc = warm or _SPAWNER.start()
         self.reused = warm is not None  # a warm worker that died while idle: the request goes to a new one
         self.seconds, self.wall = seconds, wall
@@ -344,11 +369,10 @@ class _Worker:
         with _RUNNING_LOCK:
             _RUNNING.discard(self.proc)
         if self.done and not self.timed_out and self.proc.poll() is None:
+            self.proc.serves = self.reads  # any other request closes what it kept open
             _give(self.namespace, self.proc)
         else:
             _close(self.proc)
-        if self.temp is not None:  # what the query wrote is gone with it
-            shutil.rmtree(self.temp, ignore_errors=True)
 
 
 def loaded(result: Path, kind: str, namespace: str = "") -> list[Table]:
@@ -570,6 +594,8 @@ def stop_all() -> None:
         _IDLE.clear()
     for proc in running:
         proc.kill()
+        if proc.temp is not None:
+            shutil.rmtree(proc.temp, ignore_errors=True)
 
 
 class _Token(threading.local):

@@ -23,6 +23,7 @@ import contextlib
 import json
 import os
 import select
+import shutil
 import signal
 import sys
 import threading
@@ -39,6 +40,7 @@ PR_SET_PDEATHSIG = 1
 PARENT_ENV = "CTX_WORKER_PARENT"  # the gateway's pid: a parent gone before the signal was set is seen
 STARTED = {"started": True}  # the first line of every answer: the request was taken
 TIME_EXIT = 124  # the exit status of a worker that ended itself at its time limit
+KEEP_BYTES = 64 * 1024 * 1024  # a database up to this size stays open between queries (`_Kept`)
 REFUSED = ("COPY", "COPY_DATABASE", "EXPORT", "ATTACH", "DETACH", "LOAD", "EXTENSION", "SET", "VARIABLE_SET")
 
 
@@ -120,6 +122,7 @@ class _Clock:
 
 
 _CLOCK: _Clock | None = None
+_TEMP = ""  # this process's folder for what a query spills (given by the parent, removed with the process)
 
 
 def _limit_memory(byte_count: int) -> None:
@@ -249,28 +252,68 @@ def _refused(conn: Any, sql: str) -> str | None:
     return None
 
 
+class _Kept:
+    """The database the last query read, kept open for the next query on the same file: opening one costs
+    15-25 ms, most of a small query's time. Each query has a connection of its own (`cursor`), so nothing
+    one leaves (temporary tables, prepared statements) reaches the next; the settings were locked when it
+    was opened. Only a small file's is kept (its cached pages stay while the process waits), and any other
+    request closes it (DuckDB refuses a file opened twice with other settings)."""
+
+    def __init__(self) -> None:
+        self.key: tuple[Any, ...] | None = None
+        self.conn: Any = None
+
+    def cursor(self, request: dict[str, Any], duckdb: Any) -> tuple[Any, Any]:
+        """A connection for the query, and the database to close after it (None when it is kept)."""
+        st = os.stat(request["db"])  # a file built again, or another result's link to it, tells by its inode
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, request["threads"], request["memory"], request["temp"])
+        if self.key == key:
+            return self.conn.cursor(), None
+        self.close()
+        conn = duckdb.connect(
+            request["db"],
+            read_only=True,
+            config={
+                "threads": request["threads"],
+                "memory_limit": request["memory"],
+                "max_temp_directory_size": request["temp"],
+                **({"temp_directory": _TEMP} if _TEMP else {}),  # this process's own, removed with it
+            },
+        )
+        try:
+            conn.execute("SET enable_external_access = false")  # after temp_directory: DuckDB refuses it after
+            conn.execute("SET lock_configuration = true")
+            cursor = conn.cursor()
+        except BaseException:
+            conn.close()
+            raise
+        if st.st_size > KEEP_BYTES:
+            return cursor, conn
+        self.key, self.conn = key, conn
+        return cursor, None
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+        self.key = self.conn = None
+
+
+_KEPT = _Kept()
+
+
 def _query(request: dict[str, Any], out: Any) -> None:
     import duckdb
 
-    conn = duckdb.connect(
-        request["db"],
-        read_only=True,
-        config={
-            "threads": request["threads"],
-            "memory_limit": request["memory"],
-            "max_temp_directory_size": request["temp"],
-            "temp_directory": request["temp_directory"],  # this query's own, removed when it ends
-        },
-    )
+    conn, database = _KEPT.cursor(request, duckdb)
     try:
         _answer(conn, request, out)
     finally:
-        conn.close()  # the next request of this process starts clean
+        conn.close()  # the next query starts from a connection of its own
+        if database is not None:
+            database.close()
 
 
 def _answer(conn: Any, request: dict[str, Any], out: Any) -> None:
-    conn.execute("SET enable_external_access = false")  # after temp_directory: DuckDB refuses it after
-    conn.execute("SET lock_configuration = true")
     if (why := _refused(conn, request["sql"])) is not None:
         _send(out, {"error": why, "kind": "sql"})
         return
@@ -331,12 +374,24 @@ OPS = {"convert": _convert, "profile": _profile, "query": _query, "slice": _slic
 
 
 def main() -> None:
-    global _CLOCK
+    global _CLOCK, _TEMP
     _look_after_itself()
     idle = float(sys.argv[1]) if len(sys.argv) > 1 else 60.0
+    _TEMP = sys.argv[2] if len(sys.argv) > 2 else ""
     out = sys.stdout
     sys.stdout = sys.stderr  # nothing else may write to the parent's pipe
     _CLOCK = _Clock()
+    try:
+        _requests(idle, out, _CLOCK)
+    finally:
+        _KEPT.close()
+        if _TEMP:  # the parent removes it too when it ends this process
+            shutil.rmtree(_TEMP, ignore_errors=True)
+
+
+def _requests(idle: float, out: Any, clock: _Clock) -> None:
+    """Requests answered one at a time until the parent is gone, this one idles `idle` seconds, or it ran
+    out of memory or time."""
     import duckdb
 
     limited = False
@@ -350,9 +405,11 @@ def main() -> None:
             _limit_memory(request["address_space"])
             limited = True
         _alarm(request["wall"])
-        _CLOCK.reset(request["seconds"])
+        clock.reset(request["seconds"])
+        if request["op"] != "query":
+            _KEPT.close()
         ending = _serve(request, out, duckdb)
-        _CLOCK.pause()
+        clock.pause()
         _alarm(0)
         if ending:  # out of memory or time: a fresh process for the next request
             return

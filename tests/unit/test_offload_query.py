@@ -147,7 +147,8 @@ def test_copy_and_attach_are_refused_and_spill_files_are_the_querys_own(
             _ask(explorer, sql)
     assert not (spill / "x.csv").exists() and not (tmp_path / "other.db").exists()
     _ask(explorer, "SELECT count(*) FROM items")
-    assert not list(Path(tempfile.gettempdir()).glob(f"ctx-sql-{os.getpid()}-*"))  # removed with its query
+    query.stop_all()
+    assert not list(Path(tempfile.gettempdir()).glob(f"ctx-sql-{os.getpid()}-*"))  # removed with its process
 
 
 def test_the_time_limit_counts_the_computation_not_the_reading(
@@ -205,6 +206,35 @@ def test_queries_of_one_namespace_share_a_warm_worker_and_never_anothers(explore
     assert other != first  # a worker serves one namespace only
     assert _pid_of(result, "SELECT sum(id) FROM items", "alice") == first
     assert _pid_of(result, "SELECT sum(id) FROM items", "bob") == other
+
+
+def test_a_worker_keeps_the_database_open_yet_each_query_starts_clean(explorer: tuple[Explorer, str]) -> None:
+    """The warm worker keeps the file its last query read open (opening it was most of a small query's
+    time), but each query has a connection of its own: what one made is gone for the next; and a file
+    built again in its place is read anew, not from what the worker kept."""
+    import duckdb
+
+    tool, rid = explorer
+    result = tool.store.resolve(rid)
+    query.stop_all()
+    pids: list[int] = []
+
+    def ask(sql: str) -> list[Any]:
+        with query.execute(result, "json", sql) as (_, rows):
+            answer = list(rows)
+            pids.append(rows.worker.proc.pid)
+            return answer
+
+    assert ask("SELECT count(*) FROM items") == [[10]]
+    assert ask("CREATE TEMP TABLE scratch AS SELECT 42 AS x") == [[1]]  # allowed: it writes no file
+    with pytest.raises(query.QueryError, match="scratch does not exist"):
+        ask("SELECT x FROM scratch")
+    rebuilt = temp_beside(result, "duckdb")
+    with duckdb.connect(str(rebuilt)) as conn:
+        conn.execute("CREATE TABLE items AS SELECT range AS id FROM range(99)")
+    os.replace(rebuilt, query.db_path(result))
+    assert ask("SELECT count(*) FROM items") == [[99]]
+    assert len(set(pids)) == 1 and len(pids) == 3  # one worker answered them all
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the worker's CPU time in /proc (Linux)")
@@ -368,12 +398,11 @@ def test_a_worker_waits_warm_for_the_first_query_while_the_tables_are_prepared(
 def test_one_callers_spare_never_ends_another_callers_warm_worker(monkeypatch: pytest.MonkeyPatch) -> None:
     """With every idle place taken by other callers, a conversion starts no spare, and the worker it
     gives back ends one other caller's worker at most (the one holding the most, else the oldest)."""
-    import subprocess
 
     started: list[Any] = []
 
     def sleeper() -> Any:
-        started.append(proc := subprocess.Popen(["sleep", "60"]))
+        started.append(proc := query._Process(["sleep", "60"]))
         return proc
 
     query.stop_all()
