@@ -56,6 +56,94 @@ def test_csv_missing_spellings_types_and_a_flagged_text_column(tmp_path: Path) -
     assert _sql(path, "SELECT zip FROM items WHERE id = 1") == [("00501",)]
 
 
+# values on both sides of each shortcut in the CSV typing scan: whole numbers, signs, white space, the
+# words DuckDB reads as dates or numbers, dates and times in many spellings, text (Korean too)
+TRICKY = [
+    "0",
+    "7",
+    "-5",
+    "+1",
+    "00",
+    "007",
+    "-0",
+    "2015",
+    "20150101",
+    "9223372036854775807",
+    "9223372036854775808",
+    "1.5",
+    ".5",
+    "5.",
+    "1e5",
+    "1.5E-3",
+    "-1e400",
+    "0x10",
+    "1_000",
+    "1,000",
+    "0.1",
+    "01.5",
+    "inf",
+    "-inf",
+    "+inf",
+    "Infinity",
+    "-INFINITY",
+    "+infinity",
+    "epoch",
+    "EPOCH",
+    "-epoch",
+    "nan",
+    "NaN",
+    "2015-01-01",
+    "2015/1/2",
+    "2015 01 01",
+    "2015\\01\\01",
+    "15-01-01",
+    "-2015-01-01",
+    "2015-01-01 BC",
+    "2015-01-01 10:00",
+    "2015-01-01T10:00:00Z",
+    "2015-13-01",
+    "2015.01.01",
+    "01-02-2015",
+    "Jan 1 2015",
+    "10:00",
+    "\t2015-01-01",
+    "\t5",
+    "\n7",
+    "true",
+    "False",
+    "TRUE",
+    "t",
+    "yes",
+    "e",
+    "i",
+    "E5",
+    "ie",
+    "서울",
+    "１２",
+    "٣",
+    "- 5",
+    "--",
+    "a2015-01-01",
+    "2015-01-01x",
+]
+
+
+def test_the_csv_typing_shortcuts_give_every_value_the_mask_of_the_full_checks() -> None:
+    """The typing scan skips checks that cannot pass (a whole number's, a date cast of a value that cannot
+    be one); each value's mask must be what every check of `TYPES` makes of it."""
+    conn = duckdb.connect()
+    full = " | ".join(
+        f"(({check.format(v='v')})::INTEGER << {bit})" for bit, (_, check) in enumerate(table_csv.TYPES, 1)
+    )
+    for value in TRICKY:
+        conn.execute("CREATE OR REPLACE TEMP TABLE raw_csv AS SELECT ?::VARCHAR AS c", [value])
+        _, present, castable, numbers, _ = conn.execute(table_csv._typing_scan(["c"])).fetchone()
+        if not present:  # a missing spelling: no checks at all
+            continue
+        expected = conn.execute(f"SELECT 1 | {full} FROM (SELECT trim(?) AS v)", [value]).fetchone()[0]
+        assert (castable, numbers) == (expected, int(expected & table_csv._DOUBLE_BIT > 0)), value
+
+
 def test_a_wide_csv_converts_within_the_first_memory_limit(tmp_path: Path) -> None:
     """A conversion starts with 48 MB and runs a statement again with more when it fails: a small CSV
     of 24 number columns (US employment by month, 17 KB) must not need that second run."""
