@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,7 @@ class OffloadPlugin(Plugin):
 
     async def start(self, ctx: GatewayContext) -> None:
         self.ctx = ctx
+        threading.Thread(target=query.start_ahead, name="sql-worker-ahead", daemon=True).start()
         await anyio.to_thread.run_sync(self._sweep, ctx)  # file work: off the loop
         if not ijson.backend.startswith("yajl2_c"):
             log.warning("ijson runs on its %s backend, not the C one: large JSON files will be slow", ijson.backend)

@@ -73,6 +73,7 @@ _FAILED: VersionedCache[str] = VersionedCache(max_items=64)  # why a background 
 _PREPARING: dict[str, float] = {}  # results converting in the background: since when (monotonic)
 _RUNNING: set[_Process] = set()
 _IDLE: dict[str, list[tuple[float, _Process]]] = {}  # warm workers per namespace, newest last
+_AHEAD: list[tuple[float, _Process]] = []  # a worker started before anyone needed it (`start_ahead`)
 _RUNNING_LOCK = threading.Lock()
 _ROOT = str(Path(__file__).resolve().parent.parent.parent)  # the folder holding `plugins`
 _TEMP_PREFIX = "ctx-sql-"
@@ -221,9 +222,28 @@ def _take(namespace: str, prefer: tuple[int, int] | None = None) -> _Process | N
                 idle.remove((keeps or idle)[-1])
             if not idle:
                 del _IDLE[caller]
+        if found is None and _AHEAD:  # nobody's yet: any caller may take it
+            since, proc = _AHEAD.pop()
+            if now - since <= IDLE_KEPT and proc.poll() is None:
+                found = proc
+            else:
+                ended.append(proc)
     for proc in ended:
         _close(proc)
     return found
+
+
+def start_ahead() -> None:
+    """A worker started now, before any caller needs one (Python and DuckDB's import take ~0.2 s, which a
+    first conversion would wait for): the first caller without a warm worker of its own takes it, as it
+    has served nobody. One at most, ended like any idle worker."""
+    try:
+        proc = _SPAWNER.start()
+    except Exception as exc:  # no process to spare: the first conversion starts its own
+        log.debug("no worker started ahead: %s", exc)
+        return
+    with _RUNNING_LOCK:
+        _AHEAD.append((time.monotonic(), proc))
 
 
 def _idle_caps() -> tuple[int, int]:
@@ -590,8 +610,9 @@ def stop_all() -> None:
     """End every running conversion and query and every warm worker (the gateway is stopping: its exit
     must not wait for one; a worker handed back later ends at the latest with the process)."""
     with _RUNNING_LOCK:
-        running = list(_RUNNING) + [proc for idle in _IDLE.values() for _, proc in idle]
+        running = list(_RUNNING) + [proc for idle in [*_IDLE.values(), _AHEAD] for _, proc in idle]
         _IDLE.clear()
+        _AHEAD.clear()
     for proc in running:
         proc.kill()
         if proc.temp is not None:

@@ -237,6 +237,20 @@ def test_a_worker_keeps_the_database_open_yet_each_query_starts_clean(explorer: 
     assert len(set(pids)) == 1 and len(pids) == 3  # one worker answered them all
 
 
+def test_a_worker_started_ahead_serves_the_first_caller_only(explorer: tuple[Explorer, str]) -> None:
+    """The worker the gateway starts with (so that a first conversion need not wait for Python and
+    DuckDB's import) goes to the first caller that needs one, and to no other caller after it."""
+    tool, rid = explorer
+    result = tool.store.resolve(rid)
+    query.stop_all()
+    query.start_ahead()
+    ahead = query._AHEAD[0][1].pid
+    assert _pid_of(result, "SELECT count(*) FROM items", "alice") == ahead
+    assert not query._AHEAD
+    assert _pid_of(result, "SELECT count(*) FROM items", "bob") != ahead
+    query.stop_all()
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the worker's CPU time in /proc (Linux)")
 def test_a_worker_killed_mid_query_or_while_idle_is_replaced(explorer: tuple[Explorer, str]) -> None:
     tool, rid = explorer
