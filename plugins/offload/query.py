@@ -222,15 +222,22 @@ def _take(namespace: str, prefer: tuple[int, int] | None = None) -> _Process | N
                 idle.remove((keeps or idle)[-1])
             if not idle:
                 del _IDLE[caller]
-        if found is None and _AHEAD:  # nobody's yet: any caller may take it
-            since, proc = _AHEAD.pop()
-            if now - since <= IDLE_KEPT and proc.poll() is None:
-                found = proc
-            else:
-                ended.append(proc)
     for proc in ended:
         _close(proc)
-    return found
+    return found or _ahead()
+
+
+def _ahead() -> _Process | None:
+    """The worker started with the gateway (`start_ahead`), if it still waits: nobody's yet, so any caller
+    may take it."""
+    with _RUNNING_LOCK:
+        if not _AHEAD:
+            return None
+        since, proc = _AHEAD.pop()
+    if time.monotonic() - since <= IDLE_KEPT and proc.poll() is None:
+        return proc
+    _close(proc)
+    return None
 
 
 def start_ahead() -> None:
@@ -282,7 +289,7 @@ def _keep_one_warm(namespace: str) -> None:
         if _IDLE.get(namespace) or sum(len(v) for v in _IDLE.values()) >= total:
             return
     try:
-        _give(namespace, _SPAWNER.start())
+        _give(namespace, _ahead() or _SPAWNER.start())  # the one started with the gateway is ready sooner
     except Exception as exc:  # no process to spare (a limit on processes): the query starts its own
         log.debug("no worker kept warm for %r: %s", namespace, exc)
 

@@ -249,6 +249,11 @@ def test_a_worker_started_ahead_serves_the_first_caller_only(explorer: tuple[Exp
     assert not query._AHEAD
     assert _pid_of(result, "SELECT count(*) FROM items", "bob") != ahead
     query.stop_all()
+    query.start_ahead()  # a caller kept warm (its result read again: no conversion) is given it too
+    ahead = query._AHEAD[0][1].pid
+    query._keep_one_warm("carol")
+    assert [proc.pid for _, proc in query._IDLE["carol"]] == [ahead] and not query._AHEAD
+    query.stop_all()
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the worker's CPU time in /proc (Linux)")
