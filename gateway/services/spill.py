@@ -36,7 +36,7 @@ from typing import IO, Any, BinaryIO
 import mcp_types as types
 
 from gateway.services.files import sweep_entry, writer_gone, writer_tag
-from gateway.services.tokens import SAMPLE_SLICE, SAMPLE_SLICES, estimate_tokens
+from gateway.services.tokens import ESTIMATOR, SAMPLE_SLICE, SAMPLE_SLICES, estimate_tokens
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +81,9 @@ class Spilled:
 
     @property
     def tokens(self) -> int:
-        if self._tokens is None:
-            self._tokens = estimate_file(self.current, self.size, self.chars)
+        if self._tokens is None:  # by its digest: the same text spilled again (a file read again) is not counted again
+            identity = ("spilled", self.kind, self.digest, self.size)
+            self._tokens = ESTIMATOR.remembered(identity, lambda: estimate_file(self.current, self.size, self.chars))
         return self._tokens
 
     @property

@@ -26,7 +26,7 @@ import re
 import string
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from operator import mul
 from typing import Any
 
@@ -175,25 +175,30 @@ class TokenEstimator:
         """Tokens `text` will cost in the host's model, leaning high."""
         if len(text) < REMEMBER_FROM:
             return self._estimate(text) if text else 0
-        key = self._key(text)
+        # by its length and hash (the str keeps its hash; the text itself is not kept)
+        return self.remembered((len(text), hash(text)), lambda: self._estimate(text))
+
+    def remembered(self, identity: tuple[Any, ...], count: Callable[[], int]) -> int:
+        """`count()` of a long text, remembered under `identity` (what names the text: its length and hash,
+        a spilled file's digest) and how texts are counted now: a result read again is not counted again."""
+        key = (*identity, *self._way())
         with self._lock:
             if (known := self._remembered.get(key)) is not None:
                 self._remembered.move_to_end(key)
                 return known
-        count = self._estimate(text)
-        if self._key(text) != key:  # the way of counting changed meanwhile (tokenizers ready, a calibration)
-            return count
+        tokens = count()
+        if (*identity, *self._way()) != key:  # the way of counting changed meanwhile (tokenizers, a calibration)
+            return tokens
         with self._lock:
-            self._remembered[key] = count
+            self._remembered[key] = tokens
             if len(self._remembered) > REMEMBERED:
                 self._remembered.popitem(last=False)
-        return count
+        return tokens
 
-    def _key(self, text: str) -> tuple[Any, ...]:
-        """A long text as `estimate` remembers it: its length and hash (the str keeps its hash; the text
-        itself is not kept), and how it is counted now."""
+    def _way(self) -> tuple[Any, ...]:
+        """How texts are counted now: a count made another way is not reused."""
         exact = self.exact and tokenizers.ready(self._exact_families) is not None
-        return (len(text), hash(text), self.family, exact, *self._scales.values())
+        return (self.family, exact, *self._scales.values())
 
     def _estimate(self, text: str) -> int:
         if len(text) > SAMPLE_ABOVE:

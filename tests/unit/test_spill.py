@@ -279,3 +279,26 @@ def test_parts_a_tool_result_keeps_stay_until_released(tmp_path: Path, small_rea
     (tmp_path / "line").write_text(json.dumps(message))
     value = Spiller(tmp_path / "spill").read(tmp_path / "line")
     assert spill.pending() and spill.restored(value) == message
+
+
+def test_a_text_spilled_again_is_not_counted_again(
+    tmp_path: Path, small_reads: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file read again spills the same text again: its tokens come from the first count (tens of ms
+    for a few MB with the real tokenizers), found by its digest; another text is counted."""
+    counted: list[Path] = []
+    real = spill.estimate_file
+    monkeypatch.setattr(spill, "estimate_file", lambda path, *args: counted.append(path) or real(path, *args))
+
+    def tokens(text: str, folder: str) -> int:
+        message = {"jsonrpc": "2.0", "id": 1, "result": {"content": [{"type": "text", "text": text}]}}
+        line = tmp_path / f"{folder}.line"
+        line.write_text(json.dumps(message), encoding="utf-8")
+        part = spill.of(Spiller(tmp_path / folder).read(line)["result"]["content"][0]["text"])
+        assert part is not None
+        return part.tokens
+
+    text = _text(random.Random(3), 300)
+    first = tokens(text, "one")
+    assert tokens(text, "two") == first and len(counted) == 1
+    assert tokens(text[::-1], "three") > 0 and len(counted) == 2
