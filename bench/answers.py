@@ -835,7 +835,14 @@ class ContextMode(System):
     def command(self) -> tuple[str, list[str], dict[str, str] | None, str | None]:
         home = CACHE / "cm-run-home"
         home.mkdir(exist_ok=True)
-        env = {"HOME": str(home), "PATH": f"{NODE22 / 'bin'}:{os.environ['PATH']}"}
+        # its `python3` is a real interpreter (this one's), never a shim found on PATH first: a pyenv shim
+        # costs ~0.1 s a start, and context-mode starts Python for every call
+        python = CACHE / "cm-bin" / "python3"
+        python.parent.mkdir(exist_ok=True)
+        if not python.exists() or python.resolve() != Path(os.path.realpath(sys._base_executable)):
+            python.unlink(missing_ok=True)
+            python.symlink_to(os.path.realpath(sys._base_executable))
+        env = {"HOME": str(home), "PATH": f"{python.parent}:{NODE22 / 'bin'}:{os.environ['PATH']}"}
         return str(NODE22 / "bin" / "node"), [str(CONTEXT_MODE)], env, str(DATA)
 
     async def ask(self, session: Any, task: Task, out: Outcome) -> str:
