@@ -70,10 +70,11 @@ class OffloadPlugin(Plugin):
 
     async def start(self, ctx: GatewayContext) -> None:
         self.ctx = ctx
-        threading.Thread(target=query.start_ahead, name="sql-worker-ahead", daemon=True).start()
         await anyio.to_thread.run_sync(self._sweep, ctx)  # file work: off the loop
         if not ijson.backend.startswith("yajl2_c"):
             log.warning("ijson runs on its %s backend, not the C one: large JSON files will be slow", ijson.backend)
+        # last: a start that fails before this leaves no worker behind
+        threading.Thread(target=query.start_ahead, name="sql-worker-ahead", daemon=True).start()
 
     def _sweep(self, ctx: GatewayContext) -> None:
         """What a crash left and what outlived its TTL, in every namespace. A sweep that fails is logged in

@@ -74,6 +74,7 @@ _PREPARING: dict[str, float] = {}  # results converting in the background: since
 _RUNNING: set[_Process] = set()
 _IDLE: dict[str, list[tuple[float, _Process]]] = {}  # warm workers per namespace, newest last
 _AHEAD: list[tuple[float, _Process]] = []  # a worker started before anyone needed it (`start_ahead`)
+_STOPS = [0]  # how many times `stop_all` ran
 _RUNNING_LOCK = threading.Lock()
 _ROOT = str(Path(__file__).resolve().parent.parent.parent)  # the folder holding `plugins`
 _TEMP_PREFIX = "ctx-sql-"
@@ -244,13 +245,18 @@ def start_ahead() -> None:
     """A worker started now, before any caller needs one (Python and DuckDB's import take ~0.2 s, which a
     first conversion would wait for): the first caller without a warm worker of its own takes it, as it
     has served nobody. One at most, ended like any idle worker."""
+    with _RUNNING_LOCK:
+        stops = _STOPS[0]
     try:
         proc = _SPAWNER.start()
     except Exception as exc:  # no process to spare: the first conversion starts its own
         log.debug("no worker started ahead: %s", exc)
         return
     with _RUNNING_LOCK:
-        _AHEAD.append((time.monotonic(), proc))
+        if _STOPS[0] == stops:
+            _AHEAD.append((time.monotonic(), proc))
+            return
+    _close(proc)  # the gateway stopped while it started
 
 
 def _idle_caps() -> tuple[int, int]:
@@ -620,6 +626,7 @@ def stop_all() -> None:
         running = list(_RUNNING) + [proc for idle in [*_IDLE.values(), _AHEAD] for _, proc in idle]
         _IDLE.clear()
         _AHEAD.clear()
+        _STOPS[0] += 1  # a worker being started ahead meanwhile is ended, not kept
     for proc in running:
         proc.kill()
         if proc.temp is not None:

@@ -235,6 +235,58 @@ def test_a_worker_keeps_the_database_open_yet_each_query_starts_clean(explorer: 
     os.replace(rebuilt, query.db_path(result))
     assert ask("SELECT count(*) FROM items") == [[99]]
     assert len(set(pids)) == 1 and len(pids) == 3  # one worker answered them all
+    query.db_path(result).unlink()  # gone (a damaged file removed): built again, as without a kept one
+    assert ask("SELECT count(*) FROM items") == [[10]]
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads the worker's memory in /proc (Linux)")
+def test_a_worker_keeps_no_database_open_that_a_query_left_large(explorer: tuple[Explorer, str]) -> None:
+    """DuckDB keeps what a query used until its database closes: a worker waiting with it open would
+    hold hundreds of MB (185 MB after this GROUP BY, 76 MB before it)."""
+    tool, rid = explorer
+    result = tool.store.resolve(rid)
+    query.stop_all()
+
+    def resident(pid: int) -> int:
+        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    small = _pid_of(result, "SELECT count(*) FROM items")
+    before = resident(small)
+    grouped = "SELECT count(*) FROM (SELECT range % 3000000 AS g, count(*) FROM range(6000000) GROUP BY g)"
+    assert _pid_of(result, grouped) == small
+    deadline = time.monotonic() + 10  # it closes the database once its answer is sent
+    while resident(small) >= before + 48 * 1024 * 1024:
+        assert time.monotonic() < deadline, f"the idle worker holds {resident(small) // 2**20} MB"
+        time.sleep(0.05)
+
+
+def test_a_result_holding_anothers_bytes_is_queried_under_its_own_name(tmp_path: Path) -> None:
+    """Two results with the same bytes share one DuckDB file (a link); each query still reads it under
+    its own result's name, whichever worker kept the other open."""
+    store = ResponseStore(tmp_path)
+    text = json.dumps([{"id": i} for i in range(10)])
+    first, again = store.save_text("t", text, "json"), store.save_text("t", text, "json")
+    query.stop_all()
+    names = []
+    for saved in (first, again):
+        with query.execute(saved.path, "json", "SELECT current_database()") as (_, rows):
+            [row] = list(rows)  # read to the end: the worker stays warm
+            names.append(row[0])
+    assert names[0] != names[1] and names[0] in first.path.name and names[1] in again.path.name
+
+
+def test_a_worker_started_ahead_while_the_gateway_stops_is_ended(monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[Any] = []
+    spawn = query._SPAWNER.start
+
+    def stopped_meanwhile() -> Any:
+        started.append(proc := spawn())
+        query.stop_all()
+        return proc
+
+    monkeypatch.setattr(query._SPAWNER, "start", stopped_meanwhile)
+    query.start_ahead()
+    assert not query._AHEAD and started[0].poll() is not None
 
 
 def test_a_worker_started_ahead_serves_the_first_caller_only(explorer: tuple[Explorer, str]) -> None:
