@@ -129,20 +129,11 @@ def _private_temp() -> Path:
 
 
 class _Process(subprocess.Popen[bytes]):
-    """A worker process, with the folder its queries spill into (removed with it) and the database file
-    its last query read (it keeps that one open: the next query on it is sent there if it is idle)."""
+    """A worker process, with the folder its queries spill into (removed with it) and the database its
+    last query read (it may keep that one open: the next query on it is sent there if it is idle)."""
 
     temp: Path | None = None
-    serves: tuple[int, int] | None = None
-
-
-def _file_key(path: Path) -> tuple[int, int] | None:
-    """The file a path names (another result's link to the same tables is the same file), or None."""
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
+    serves: str | None = None
 
 
 class _Spawner:
@@ -206,9 +197,9 @@ def _close(proc: _Process) -> None:
         shutil.rmtree(proc.temp, ignore_errors=True)
 
 
-def _take(namespace: str, prefer: tuple[int, int] | None = None) -> _Process | None:
-    """A warm worker of this namespace (never another's): the one keeping the database file `prefer` open
-    if it waits, else the most recent; old and dead ones ended."""
+def _take(namespace: str, prefer: str | None = None) -> _Process | None:
+    """A warm worker of this namespace (never another's): the one keeping the database `prefer` open if it
+    waits, else the most recent; old and dead ones ended."""
     now, found, ended = time.monotonic(), None, []
     with _RUNNING_LOCK:
         for caller, idle in list(_IDLE.items()):
@@ -309,7 +300,7 @@ class _Worker:
 
     def __init__(self, request: dict[str, Any], seconds: float, wall: float, namespace: str = "", spare: bool = False):
         self.namespace = namespace
-        self.reads = _file_key(Path(request["db"])) if request["op"] == "query" else None
+        self.reads = str(request["db"]) if request["op"] == "query" else None
         warm = _take(namespace, self.reads)
         self.proc = warm or _SPAWNER.start()
         self.reused = warm is not None  # a warm worker that died while idle: the request goes to a new one
