@@ -13,14 +13,14 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import EllipsisType
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 import mcp_types as types
 from pydantic import BaseModel
 
 from gateway.progress import ProgressReporter, no_progress
 from gateway.services import shares
-from gateway.services.costs import COUNT_APART_ABOVE, Cost, result_cost, size_at_least
+from gateway.services.costs import COUNT_APART_ABOVE, Cost, result_cost, size_at_least, tokens_over
 from gateway.services.responses import ResponseStore, seen_on_host
 from gateway.services.storage import Storage
 from gateway.services.tokens import json_tokens
@@ -30,6 +30,8 @@ if TYPE_CHECKING:  # types only: services the context hands out (no cycle: servi
     from gateway.services.tokens import TokenEstimator
     from gateway.services.window import ContextWindow
     from gateway.settings import Settings
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -67,10 +69,27 @@ class ToolCall:
     async def cost_apart(self, result: types.CallToolResult) -> Cost:
         """`cost_of(result)` for a caller on the event loop: a long result not counted yet is counted in a
         thread of this caller's share of counts (the loop only waits), here when none is free for minutes."""
+        return await self._apart(result, self.cost_of, result)
+
+    async def fits_apart(self, result: types.CallToolResult, max_size: int, max_tokens: int) -> bool:
+        """Whether `result` is within both limits, decided as `cost_apart` counts: one whose text is surely
+        over `max_tokens` (`costs.tokens_over`) is not counted whole to tell it."""
+
+        def fits() -> bool:
+            if tokens_over(result, max_tokens):
+                return False
+            cost = self.cost_of(result)
+            return cost.size <= max_size and cost.tokens <= max_tokens
+
+        return await self._apart(result, fits)
+
+    async def _apart(self, result: types.CallToolResult, count: Callable[..., T], *args: Any) -> T:
+        """`count(*args)` in a thread of this caller's share of counts when `result` is long and not counted
+        yet (the loop only waits), here when it is short or no place is free for minutes."""
         if not self.counted(result) and size_at_least(result) > COUNT_APART_ABOVE:
             with contextlib.suppress(shares.Busy):
-                return await shares.count_pool().run(self.namespace, self.cost_of, result)
-        return self.cost_of(result)
+                return await shares.count_pool().run(self.namespace, count, *args)
+        return count(*args)
 
     def cost_of(self, result: types.CallToolResult, copy: int | EllipsisType | None = ...) -> Cost:
         """What `result` costs in the context (`costs.result_cost`), counted once per result object of

@@ -480,6 +480,36 @@ async def test_a_large_result_is_counted_off_the_event_loop_beside_its_conversio
         assert counts and not any(on_loop for _, _, on_loop in counts), events
 
 
+async def test_a_result_surely_over_the_token_limit_is_not_counted_before_its_offload(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A result under the size limit but far over the token limit (a 300 KB log against a few thousand
+    tokens): its first few tens of KB tell it is over, so its conversion starts at once and the whole
+    count (~0.1 s with the real tokenizers) is taken beside it, not before it."""
+    import gateway.plugin
+    import plugins.offload.query as query
+
+    events: list[tuple[str, int]] = []
+    real_cost, real_tables_now = gateway.plugin.result_cost, query.tables_now
+
+    def result_cost(result: types.CallToolResult, *known: Any) -> Any:
+        events.append(("count", sum(len(b.text) for b in result.content if isinstance(b, types.TextContent))))
+        return real_cost(result, *known)
+
+    def tables_now(path: Path, kind: str, namespace: str = "") -> Any:
+        events.append(("convert", path.stat().st_size))
+        return real_tables_now(path, kind, namespace)
+
+    monkeypatch.setattr(gateway.plugin, "result_cost", result_cost)
+    monkeypatch.setattr(query, "tables_now", tables_now)
+    settings = offload_settings(tmp_path, max_response_size=1_048_576, max_response_tokens=2_000)
+    async with inproc(settings) as (_, session):
+        log = await call(session, "p__echo", {"text": "2026-12-07 status installed libfoo:amd64 1.2\n" * 6_000})
+        assert ref_of(log)["fileRef"]["tokens"] > 2_000
+        whole = [i for i, e in enumerate(events) if e[0] == "count" and e[1] > 200_000]
+        assert whole and events[0][0] == "convert", events  # counted whole only once its conversion started
+
+
 async def test_a_result_to_count_never_waits_behind_the_callers_offloads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -43,16 +43,18 @@ def offload(
     max_size: int,
     max_tokens: int,
     written: list[Path] | None = None,
+    always: bool = False,
 ) -> types.CallToolResult | None:
     """The result saved to files and replaced by one fileRef reply; None when nothing in it can be saved.
     The reply states the result's cost (a structuredContent copy of the text counted once) as its size;
     its tokens are counted here (`call.cost_of`), once the conversion of the saved file has started, so
     the count and the conversion overlap and the event loop never waits for either.
     A write that fails (disk full, a file size limit) removes what this offload already wrote and raises.
-    `written` receives the path of every file saved, so a caller whose call was cancelled can remove them."""
+    `written` receives the path of every file saved, so a caller whose call was cancelled can remove them.
+    `always`: the tool's results are saved whatever their size (its reply says so when this one fits)."""
     parts: list[tuple[str, Saved]] = []
     try:
-        return _replace(store, call, result, (max_size, max_tokens), parts)
+        return _replace(store, call, result, (max_size, max_tokens, always), parts)
     except BaseException:
         for _, saved in parts:
             saved.path.unlink(missing_ok=True)
@@ -66,11 +68,11 @@ def _replace(
     store: ResponseStore,
     call: ToolCall,
     result: types.CallToolResult,
-    limits: tuple[int, int],
+    limits: tuple[int, int, bool],
     parts: list[tuple[str, Saved]],
 ) -> types.CallToolResult | None:
     """The work of `offload`: every file it saves goes into `parts` at once, so a failure can remove it."""
-    max_size, max_tokens = limits
+    max_size, max_tokens, always = limits
     stem = f"{call.server}__{call.tool}"
     meta = result.meta
     copy = duplicate_block(result)  # looked for once: the count is told
@@ -127,7 +129,7 @@ def _replace(
         ref["mime"] = primary.mime
     ref["openCmd"] = store.open_command(primary.path)
     what = "error output" if result.is_error else "result"
-    if cost.size > max_size or cost.tokens > max_tokens:
+    if not always or cost.size > max_size or cost.tokens > max_tokens:  # over a limit, told by a prefix maybe
         # size and tokens stand above: the message says only what to do
         ref["message"] = (
             f"The tool's {what} is too large for the context; saved to a file. Query or explore it in pieces; do not read it whole."

@@ -164,16 +164,27 @@ class OffloadPlugin(Plugin):
             return result
         policy, max_size, max_tokens = limits
         # a result over the size limit is offloaded whatever its tokens: they are counted while its file
-        # is converted (`fileref.offload`), off the event loop; one under it is counted to decide
-        if policy == "auto" and size_at_least(result) <= max_size:
-            cost = await call.cost_apart(result)
-            if cost.size <= max_size and cost.tokens <= max_tokens:
-                return result
+        # is converted (`fileref.offload`), off the event loop; one under it is counted to decide, unless
+        # a prefix of its text is over the token limit already (then it too is counted beside its conversion)
+        if (
+            policy == "auto"
+            and size_at_least(result) <= max_size
+            and await call.fits_apart(result, max_size, max_tokens)
+        ):
+            return result
         responses = self._ctx().responses_for(call.namespace)
         written: list[Path] = []
         try:
             replaced = await shares.offload_pool().run(
-                call.namespace, fileref.offload, responses, call, result, max_size, max_tokens, written
+                call.namespace,
+                fileref.offload,
+                responses,
+                call,
+                result,
+                max_size,
+                max_tokens,
+                written,
+                policy == "always",
             )
         except anyio.get_cancelled_exc_class():
             # the host cancelled (or went away) while the file was written: nobody will receive it

@@ -51,3 +51,36 @@ def test_audio_costs_its_duration() -> None:
     header = b"RIFF" + b"\x00" * 4 + b"WAVE" + b"fmt " + struct.pack("<IHHIIHH", 16, 1, 1, 16000, rate, 2, 16)
     wav = header + b"data" + struct.pack("<I", rate * 10) + b"\x00" * (rate * 10)
     assert abs(audio_tokens(base64.b64encode(wav).decode()) - 320) <= 2  # 10 s at 32 tokens a second
+
+
+def test_a_prefix_over_the_token_limit_tells_the_whole_is_over() -> None:
+    """`tokens_over` decides from a prefix only when it is sure: whenever it says so, the whole result
+    costs more than the limit; a short text or one of long runs is left to the whole count."""
+    import json
+    import random
+
+    from gateway.services.costs import tokens_over
+
+    rng = random.Random(5)
+    log = "".join(f"2026-12-07 21:{i % 60:02d}:00 status installed libfoo{i}:amd64 1.{i}\n" for i in range(6000))
+    kinds = {
+        "log": log,
+        "json": json.dumps([{"id": i, "name": f"항목 {i}", "tags": ["a", "b"]} for i in range(4000)]),
+        "korean": "세션을 저장하고 다시 불러옵니다. " * 8000,
+        "code": "def f(x):\n    return x * 2  # doubled\n" * 5000,
+        "spaces": " " * 200_000 + "end",
+        "base64": "".join(
+            rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/") for _ in range(200_000)
+        ),
+        "short": "a few words",
+    }
+    told = 0
+    for name, body in kinds.items():
+        for limit in (100, 1000, 4000, 20_000):
+            result = types.CallToolResult(content=[text(body)], structured_content={"content": body})
+            if tokens_over(result, limit):
+                told += 1
+                assert result_cost(result).tokens > limit, (name, limit)
+    assert told >= 10  # it does tell, for most long texts
+    assert not tokens_over(types.CallToolResult(content=[text("a few words")]), 1)
+    assert tokens_over(types.CallToolResult(content=[text(log)]), 4000)
