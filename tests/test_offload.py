@@ -487,6 +487,8 @@ async def test_a_result_surely_over_the_token_limit_is_not_counted_before_its_of
     tokens): its first few tens of KB tell it is over, so its conversion starts at once and the whole
     count (~0.1 s with the real tokenizers) is taken beside it, not before it."""
     import gateway.plugin
+    import gateway.services.costs as costs
+    import gateway.services.tokens as tokens
     import plugins.offload.query as query
 
     events: list[tuple[str, int]] = []
@@ -502,6 +504,10 @@ async def test_a_result_surely_over_the_token_limit_is_not_counted_before_its_of
 
     monkeypatch.setattr(gateway.plugin, "result_cost", result_cost)
     monkeypatch.setattr(query, "tables_now", tables_now)
+    exact = tokens.TokenEstimator()  # as in a gateway a few seconds after its first long result
+    assert exact.load_exact()
+    monkeypatch.setattr(tokens, "ESTIMATOR", exact)
+    monkeypatch.setattr(costs, "ESTIMATOR", exact)
     settings = offload_settings(tmp_path, max_response_size=1_048_576, max_response_tokens=2_000)
     async with inproc(settings) as (_, session):
         log = await call(session, "p__echo", {"text": "2026-12-07 status installed libfoo:amd64 1.2\n" * 6_000})

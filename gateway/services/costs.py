@@ -20,7 +20,7 @@ import pydantic_core
 from gateway.services import spill
 from gateway.services.media import audio_tokens, image_tokens
 from gateway.services.text import utf8_size
-from gateway.services.tokens import estimate_tokens
+from gateway.services.tokens import ESTIMATOR, SAMPLE_ABOVE, estimate_tokens
 
 DUPLICATE_CHECK_LIMIT = 64 * 1024 * 1024  # larger JSON texts are compared only when byte-identical
 # bytes: a longer result is counted in a thread of its caller's share of counts (`shares.count_pool`), not
@@ -87,14 +87,16 @@ def _text_cost(text: str) -> tuple[int, int]:
 def tokens_over(result: types.CallToolResult, limit: int) -> bool:
     """Whether the result surely costs more than `limit` tokens, told from a prefix of its longest text
     block in memory: counting a 341 KB log whole took ~0.1 s with the real tokenizers, its first 40 KB
-    tell the same. False when the prefix does not tell (a short text, one of long runs): the whole
-    count decides then."""
+    tell the same. Only where the whole is counted the same way, exactly, with the real tokenizers: the
+    built-in estimate rates a prefix by its own kind of text, and a text above `SAMPLE_ABOVE` is
+    estimated from slices (a review built texts whose prefix cost more than either made of the whole).
+    False when the prefix does not tell (a short text, one of long runs): the whole count decides then."""
     texts = [b.text for b in result.content if isinstance(b, types.TextContent) and spill.of(b.text) is None]
-    if not texts:
+    if not texts or not ESTIMATOR.counting_exactly():
         return False
     text = max(texts, key=len)
     cut = (limit + CUT_SLACK) * PREFIX_CHARS
-    return len(text) > 2 * cut and estimate_tokens(text[:cut]) > limit + CUT_SLACK
+    return 2 * cut < len(text) <= SAMPLE_ABOVE and estimate_tokens(text[:cut]) > limit + CUT_SLACK
 
 
 def _text_size(text: str) -> int:

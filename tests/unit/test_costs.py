@@ -53,13 +53,22 @@ def test_audio_costs_its_duration() -> None:
     assert abs(audio_tokens(base64.b64encode(wav).decode()) - 320) <= 2  # 10 s at 32 tokens a second
 
 
-def test_a_prefix_over_the_token_limit_tells_the_whole_is_over() -> None:
+def test_a_prefix_over_the_token_limit_tells_the_whole_is_over(monkeypatch) -> None:
     """`tokens_over` decides from a prefix only when it is sure: whenever it says so, the whole result
-    costs more than the limit; a short text or one of long runs is left to the whole count."""
+    costs more than the limit; a short text or one of long runs is left to the whole count, and so is
+    any text while the real tokenizers do not count it (the built-in estimate rates a prefix by its own
+    kind of text) or when the whole is estimated from slices."""
     import json
     import random
 
+    import gateway.services.costs as costs
+    import gateway.services.tokens as tokens
     from gateway.services.costs import tokens_over
+
+    exact = tokens.TokenEstimator()  # counting exactly, whatever other tests left in the process's one
+    assert exact.load_exact()
+    monkeypatch.setattr(tokens, "ESTIMATOR", exact)
+    monkeypatch.setattr(costs, "ESTIMATOR", exact)
 
     rng = random.Random(5)
     log = "".join(f"2026-12-07 21:{i % 60:02d}:00 status installed libfoo{i}:amd64 1.{i}\n" for i in range(6000))
@@ -84,3 +93,7 @@ def test_a_prefix_over_the_token_limit_tells_the_whole_is_over() -> None:
     assert told >= 10  # it does tell, for most long texts
     assert not tokens_over(types.CallToolResult(content=[text("a few words")]), 1)
     assert tokens_over(types.CallToolResult(content=[text(log)]), 4000)
+    sampled = "가" * 40_000 + " " * tokens.SAMPLE_ABOVE  # its whole is estimated from slices that may miss the start
+    assert not tokens_over(types.CallToolResult(content=[text(sampled)]), 4000)
+    monkeypatch.setattr(exact, "counting_exactly", lambda: False)
+    assert not tokens_over(types.CallToolResult(content=[text(log)]), 4000)
