@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import PY, gateway_env, probe, stdio_gateway, text_of, write_config
@@ -46,9 +47,8 @@ main(["serve", "--config", sys.argv[1]])
 """
 
 
-def test_serve_starts_the_upstreams_before_it_loads_the_sdk(tmp_path: Path) -> None:
-    config = write_config(tmp_path, {"p": probe("p")}, plugins=["offload", "memory", "documents", "monitor"])
-    spy = f"LAZY = {LAZY!r}\n{SPY}"
+def _spied(spy: str, config: Path) -> Any:
+    """What a `serve` run as `python -c spy` printed (one JSON value) before it ended itself."""
     done = subprocess.run(
         [PY, "-c", spy, str(config)],
         capture_output=True,
@@ -58,7 +58,13 @@ def test_serve_starts_the_upstreams_before_it_loads_the_sdk(tmp_path: Path) -> N
         env=gateway_env(),
     )
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == [], "imported before the first upstream process started"
+    return json.loads(done.stdout)
+
+
+def test_serve_starts_the_upstreams_before_it_loads_the_sdk(tmp_path: Path) -> None:
+    config = write_config(tmp_path, {"p": probe("p")}, plugins=["offload", "memory", "documents", "monitor"])
+    spy = f"LAZY = {LAZY!r}\n{SPY}"
+    assert _spied(spy, config) == [], "imported before the first upstream process started"
 
 
 def test_import_of_the_command_line_loads_no_sdk() -> None:
@@ -149,3 +155,29 @@ def test_sighup_is_held_before_the_command_line_loads() -> None:
     )
     done = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60, env=gateway_env())
     assert done.stdout.strip().splitlines()[-1] == "[False]", done.stdout + done.stderr
+
+
+# run as `python -c`: reports which plugins' early work `serve` ran and whether a SQL worker was started by it
+EARLY_SPY = """
+import json, os, sys
+import gateway.early as early
+ran_early = early.run
+def reporting(names, disabled):
+    ran = ran_early(names, disabled)
+    from plugins.offload import query
+    print(json.dumps({"ran": ran, "workers": len(query._AHEAD)}), flush=True)
+    os._exit(0)
+early.run = reporting
+from gateway.cli import main
+main(["serve", "--config", sys.argv[1]])
+"""
+
+
+@pytest.mark.parametrize("disabled", [[], ["offload"]])
+def test_serve_starts_the_sql_worker_beside_its_imports(tmp_path: Path, disabled: list[str]) -> None:
+    """A fresh gateway's first conversion or query took a worker that was still starting (Python and
+    DuckDB's import, ~0.2 s): `serve` starts it right after the upstreams, while the SDK loads, unless
+    offload is disabled."""
+    config = write_config(tmp_path, {"p": probe("p")}, plugins=None, disabled_plugins=disabled)
+    expected = {"ran": [], "workers": 0} if disabled else {"ran": ["offload"], "workers": 1}
+    assert _spied(EARLY_SPY, config) == expected

@@ -1,8 +1,8 @@
 """`serve`: run the gateway for a host, over stdio (default) or Streamable HTTP.
 
 Start-up is part of every host's wait, and most of the gateway's own is importing the SDK: the upstream
-processes are started first (from the settings alone), and the SDK, the front server and the plugins load
-while they start."""
+processes are started first (from the settings alone), then the plugins' early work (`gateway.early`: offload's
+SQL worker), and the SDK, the front server and the plugins load while they start."""
 
 from __future__ import annotations
 
@@ -43,9 +43,11 @@ def cmd_serve(settings: Settings, reload: Callable[[], Settings] | None = None) 
 
 
 async def _serve(settings: Settings, reload: Callable[[], Settings] | None) -> None:
+    from gateway import early
     from gateway.proxy.upstream_spawn import prestart
 
     started = await prestart(settings.enabled_servers, settings.gateway.logs_dir)
+    early.start(settings.gateway.plugins, settings.gateway.disabled_plugins)  # beside the imports below
     try:
         from gateway.compat import check_sdk_version, ignore_sdk_deprecations
         from gateway.proxy.host_transport import serve_http, serve_stdio

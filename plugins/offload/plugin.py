@@ -73,7 +73,8 @@ class OffloadPlugin(Plugin):
         await anyio.to_thread.run_sync(self._sweep, ctx)  # file work: off the loop
         if not ijson.backend.startswith("yajl2_c"):
             log.warning("ijson runs on its %s backend, not the C one: large JSON files will be slow", ijson.backend)
-        # last: a start that fails before this leaves no worker behind
+        # last: a start that fails before this leaves no worker behind (`serve` started one already, beside its
+        # imports, through `gateway.early`: then this does nothing)
         threading.Thread(target=query.start_ahead, name="sql-worker-ahead", daemon=True).start()
 
     def _sweep(self, ctx: GatewayContext) -> None:

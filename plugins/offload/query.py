@@ -75,6 +75,7 @@ _RUNNING: set[_Process] = set()
 _IDLE: dict[str, list[tuple[float, _Process]]] = {}  # warm workers per namespace, newest last
 _AHEAD: list[tuple[float, _Process]] = []  # a worker started before anyone needed it (`start_ahead`)
 _STOPS = [0]  # how many times `stop_all` ran
+_AHEAD_RUN = [-1]  # `_STOPS` when a worker was last started ahead: one per run of the gateway
 _RUNNING_LOCK = threading.Lock()
 _ROOT = str(Path(__file__).resolve().parent.parent.parent)  # the folder holding `plugins`
 _TEMP_PREFIX = "ctx-sql-"
@@ -235,9 +236,13 @@ def _ahead() -> _Process | None:
 def start_ahead() -> None:
     """A worker started now, before any caller needs one (Python and DuckDB's import take ~0.2 s, which a
     first conversion would wait for): the first caller without a warm worker of its own takes it, as it
-    has served nobody. One at most, ended like any idle worker."""
+    has served nobody. One per run of the gateway: `serve` starts it beside its own imports
+    (`gateway.early`), the plugin's start where nothing did; ended like any idle worker."""
     with _RUNNING_LOCK:
         stops = _STOPS[0]
+        if _AHEAD_RUN[0] == stops:
+            return
+        _AHEAD_RUN[0] = stops
     try:
         proc = _SPAWNER.start()
     except Exception as exc:  # no process to spare: the first conversion starts its own

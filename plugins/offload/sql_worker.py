@@ -419,8 +419,13 @@ def _requests(idle: float, out: Any, clock: _Clock) -> None:
 
     with duckdb.connect(":memory:") as warm:  # DuckDB's first database in a process costs ~15 ms more: here,
         warm.execute("SELECT count(*), max(range) FROM range(10)").fetchall()  # not in the first request
+    warm_ups = list(_WARM_FILES.items()) if _TEMP else []
     limited = False
-    while select.select([sys.stdin.buffer], [], [], idle)[0]:  # idle too long: the process ends
+    while True:
+        while warm_ups and not select.select([sys.stdin.buffer], [], [], 0)[0]:  # only while nobody waits
+            _warm_up(duckdb, *warm_ups.pop(0))
+        if not select.select([sys.stdin.buffer], [], [], idle)[0]:  # idle too long: the process ends
+            return
         line = sys.stdin.buffer.readline()
         if not line:  # the parent closed the pipe: done
             return
@@ -438,6 +443,40 @@ def _requests(idle: float, out: Any, clock: _Clock) -> None:
         _alarm(0)
         if ending:  # out of memory or time: a fresh process for the next request
             return
+
+
+# what `_warm_up` converts: a few rows of each kind, shaped as the loaders' slower paths take them
+_WARM_FILES = {
+    "warm.csv": ("csv", "id,name,when,price\n1,a,2020-01-02,1.5\n2,NA,2021-03-04,\n"),
+    "warm.json": (
+        "json",
+        '{"items": [{"a": 1, "b": "x", "c": [1]}, {"a": 2, "b": null, "c": []}], "m": {"k": {"v": 1}}}',
+    ),
+}
+
+
+def _warm_up(duckdb: Any, name: str, what: tuple[str, str]) -> None:
+    """A first conversion of one kind, in memory, before a request needs one: the first of each kind in a
+    process costs ~15-25 ms more than later ones (the loaders' import, DuckDB's first CSV or JSON read and
+    casts). From a file in this process's own folder; a failure only leaves the first request to pay it."""
+    import threading
+
+    kind, text = what
+    path, scratch = Path(_TEMP) / name, Path(_TEMP) / "warm.scratch"
+    try:
+        from plugins.offload.loaders import load
+        from plugins.offload.tables import described, profile
+
+        path.write_text(text, encoding="utf-8")
+        with duckdb.connect(":memory:", config={"threads": 1}) as conn:
+            for table in load(conn, path, kind, scratch, threading.Event()):
+                profile(conn, described(conn, table))
+    except Exception as exc:  # a warm-up never stops the worker
+        print(f"sql worker: warm-up failed: {_first_line(exc)}", file=sys.stderr)
+    finally:
+        for written in (path, scratch):  # the scratch: what a loader may write (its caller removes it)
+            with contextlib.suppress(OSError):
+                written.unlink(missing_ok=True)
 
 
 def _serve(request: dict[str, Any], out: Any, duckdb: Any) -> bool:

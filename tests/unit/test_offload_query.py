@@ -15,6 +15,7 @@ import pytest
 
 import plugins.offload.explore as explore
 import plugins.offload.query as query
+import plugins.offload.sql_worker as sql_worker
 from gateway.args import Args, ToolInputError
 from gateway.services import shares
 from gateway.services.files import temp_beside
@@ -287,6 +288,20 @@ def test_a_worker_started_ahead_while_the_gateway_stops_is_ended(monkeypatch: py
     monkeypatch.setattr(query._SPAWNER, "start", stopped_meanwhile)
     query.start_ahead()
     assert not query._AHEAD and started[0].poll() is not None
+
+
+def test_one_worker_is_started_ahead_per_run_of_the_gateway() -> None:
+    """`serve` starts it beside its imports and the plugin's start asks again: one worker, not two; a
+    gateway stopped and started again (a reload) gets a new one."""
+    query.stop_all()
+    query.start_ahead()
+    query.start_ahead()
+    assert len(query._AHEAD) == 1
+    first = query._AHEAD[0][1]
+    query.stop_all()
+    query.start_ahead()
+    assert len(query._AHEAD) == 1 and query._AHEAD[0][1] is not first
+    query.stop_all()
 
 
 def test_a_worker_started_ahead_serves_the_first_caller_only(explorer: tuple[Explorer, str]) -> None:
@@ -639,3 +654,53 @@ def test_a_wildcard_over_a_mid_sized_result_runs_in_a_worker(tmp_path: Path, mon
     # the answer's note (the rest of the matches) starts the tables' conversion in the background: its
     # worker may have started by now too, beside the one slice
     assert [op for op in ops if op != "convert"] == ["slice"] and found["total"] == 20_000, found
+
+
+@pytest.mark.parametrize("name", sorted(sql_worker._WARM_FILES))
+def test_a_workers_warm_up_converts_and_leaves_nothing(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An idle worker converts a few rows of each kind before a request needs it (its first conversion of
+    a kind costs more); a warm-up that stopped converting would only say so on the worker's stderr."""
+    import duckdb
+
+    monkeypatch.setattr(sql_worker, "_TEMP", str(tmp_path))
+    sql_worker._warm_up(duckdb, name, sql_worker._WARM_FILES[name])
+    assert capsys.readouterr().err == "" and list(tmp_path.iterdir()) == []
+
+
+def test_a_worker_whose_warm_up_fails_still_serves(tmp_path: Path) -> None:
+    """The warm-up runs while the worker waits for its first request; one that fails is said on its stderr
+    and the worker serves as it would have without it."""
+    import select
+    import subprocess
+    import sys
+
+    import duckdb
+
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("x")  # its warm-up files cannot be written below it
+    db = tmp_path / "r.duckdb"
+    with duckdb.connect(str(db)) as conn:
+        conn.execute("CREATE TABLE items AS SELECT 41 AS n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "plugins.offload.sql_worker", "30", str(blocked)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=query._ROOT,
+    )
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    request = {"op": "query", "db": str(db), "sql": "SELECT n + 1 FROM items", "address_space": query.ADDRESS_SPACE}
+    request |= {"seconds": 10, "wall": 20, "memory": "64MB", "temp": "64MB", "threads": 1}
+    try:
+        assert select.select([proc.stderr], [], [], 60)[0], "the worker said nothing about its warm-up"
+        assert b"warm-up failed" in proc.stderr.readline()
+        proc.stdin.write((json.dumps(request) + "\n").encode())
+        proc.stdin.flush()
+        assert proc.stdout.readline() == b'{"started": true}\n'
+        assert json.loads(proc.stdout.readline()) == {"columns": ["(n + 1)"]}
+        assert b"42" in proc.stdout.readline()  # the rows follow the columns
+    finally:
+        proc.kill()
+        proc.wait()
