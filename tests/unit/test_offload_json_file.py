@@ -1,0 +1,72 @@
+"""plugins.offload.json_file: small JSON files parsed once per content, within a memory budget."""
+
+from __future__ import annotations
+
+import gc
+import json
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from plugins.offload import json_file
+
+
+@pytest.fixture(autouse=True)
+def empty_cache() -> None:
+    json_file._VALUES.clear()
+    json_file._KEYS.clear()
+
+
+def _records(n: int, tag: str) -> str:
+    return json.dumps({"items": [{"id": i, "name": f"{tag}-{i}", "tags": [tag, str(i)]} for i in range(n)]})
+
+
+def test_a_result_read_again_shares_the_value_already_parsed(tmp_path: Path) -> None:
+    """A file read again is saved as another result with the same bytes: one parsed value serves both
+    (each copy held ~4x its bytes, and every full pass of the garbage collector walked all of them)."""
+    first, again, other = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "c.json"
+    first.write_text(_records(200, "x"))
+    again.write_text(_records(200, "x"))
+    other.write_text(_records(200, "y"))
+    assert json_file.parsed(first) is json_file.parsed(again)
+    assert json_file.parsed(other) is not json_file.parsed(first)
+    assert json_file.parsed(other)["items"][0]["name"] == "y-0"
+
+
+def test_a_file_written_again_is_parsed_anew(tmp_path: Path) -> None:
+    path = tmp_path / "r.json"
+    path.write_text('{"v": 1}')
+    assert json_file.parsed(path) == {"v": 1}
+    path.write_text('{"v": 22}')  # another size: another version of the file
+    assert json_file.parsed(path) == {"v": 22}
+
+
+def test_broken_json_says_where(tmp_path: Path) -> None:
+    path = tmp_path / "r.json"
+    path.write_text('{"v": 1,}')
+    with pytest.raises(json_file.BrokenJSON, match="line 1, column 9"):
+        json_file.parsed(path)
+
+
+def test_the_values_kept_parsed_stay_within_their_budget(tmp_path: Path) -> None:
+    """24 different results of 1.1 MB each, parsed one after the other: the cache keeps the newest within
+    CACHE_BYTES of files, ~117 MB of Python objects for these (a 64 MB budget held all 24: ~215 MB)."""
+    paths = []
+    for i in range(24):
+        path = tmp_path / f"r{i}.json"
+        path.write_text(_records(20_000, f"t{i}"))
+        paths.append(path)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        for path in paths:
+            json_file.parsed(path)
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    size = paths[0].stat().st_size
+    assert sum(s for s, _ in json_file._VALUES) <= json_file.CACHE_BYTES
+    assert held < 160 * 2**20, f"{held / 2**20:.0f} MB held for files of {size / 2**20:.1f} MB"
+    assert json_file.parsed(paths[-1])["items"][-1]["name"] == "t23-19999"
