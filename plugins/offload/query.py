@@ -22,6 +22,7 @@ and their column profiles after (the outline shows them).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -49,7 +50,7 @@ from gateway.services import shares
 from gateway.services.files import VersionedCache, atomic_write, process_alive, same_bytes, temp_beside
 from plugins.offload.json_file import BrokenJSON
 from plugins.offload.paths import PathError
-from plugins.offload.sql_worker import LINE_BYTES, PARENT_ENV, STARTED, TIME_EXIT
+from plugins.offload.sql_worker import LINE_BYTES, NICE, PARENT_ENV, STARTED, TIME_EXIT
 from plugins.offload.tables import Table
 
 log = logging.getLogger("plugins.offload")
@@ -142,22 +143,26 @@ class _Spawner:
     that started a process, and a pool thread may end while the worker it started is still warm."""
 
     def __init__(self) -> None:
-        self.requests: queue.SimpleQueue[tuple[list[Any], threading.Event]] = queue.SimpleQueue()
+        self.requests: queue.SimpleQueue[tuple[list[Any], threading.Event]] = (
+            queue.SimpleQueue()
+        )  # [warm_up] -> +process
         self.thread: threading.Thread | None = None
         self.lock = threading.Lock()
 
-    def start(self) -> _Process:
+    def start(self, warm_up: bool = False) -> _Process:
+        """A new worker process; `warm_up`: it converts a few rows of each kind while it waits for its first
+        request (the worker started ahead, before anyone needs one)."""
         with self.lock:
             if self.thread is None or not self.thread.is_alive():
                 self.thread = threading.Thread(target=self._run, name="sql-workers", daemon=True)
                 self.thread.start()
-        box: list[Any] = []
+        box: list[Any] = [warm_up]
         done = threading.Event()
         self.requests.put((box, done))
         done.wait()
-        if isinstance(box[0], BaseException):
-            raise box[0]
-        return box[0]
+        if isinstance(box[-1], BaseException):
+            raise box[-1]
+        return box[-1]
 
     def _run(self) -> None:
         path = os.pathsep.join(filter(None, [_ROOT, os.environ.get("PYTHONPATH")]))
@@ -167,7 +172,8 @@ class _Spawner:
             try:
                 temp = _private_temp()
                 proc = _Process(
-                    [sys.executable, "-m", "plugins.offload.sql_worker", str(IDLE_SECONDS), str(temp)],
+                    [*_niced(), sys.executable, "-m", "plugins.offload.sql_worker", str(IDLE_SECONDS), str(temp)]
+                    + (["warm-up"] if box[0] else []),
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.DEVNULL,
@@ -184,6 +190,16 @@ class _Spawner:
 
 
 _SPAWNER = _Spawner()
+
+
+@functools.cache
+def _niced() -> list[str]:
+    """The worker started at its lower priority (`nice`, where there is one): Python's start and DuckDB's
+    import (~0.2 s of CPU) then yield to the gateway's own start and its upstreams' (a gateway fronting
+    one server answered its first listing ~70 ms later when the worker lowered its priority only once
+    started)."""
+    found = shutil.which("nice")
+    return [found, "-n", str(NICE)] if found else []
 
 
 def _close(proc: _Process) -> None:
@@ -244,7 +260,7 @@ def start_ahead() -> None:
             return
         _AHEAD_RUN[0] = stops
     try:
-        proc = _SPAWNER.start()
+        proc = _SPAWNER.start(warm_up=True)
     except Exception as exc:  # no process to spare: the first conversion starts its own
         log.debug("no worker started ahead: %s", exc)
         return

@@ -49,7 +49,7 @@ def _look_after_itself() -> None:
     """A lower priority and death with the parent (POSIX; Linux for the parent-death signal)."""
     parent = int(os.environ.get(PARENT_ENV, "0")) or os.getppid()
     with contextlib.suppress(AttributeError, OSError):
-        os.nice(NICE)
+        os.nice(max(0, NICE - os.nice(0)))  # started under `nice` already, where there is one
     if sys.platform == "linux":
         import ctypes
 
@@ -123,6 +123,7 @@ class _Clock:
 
 
 _CLOCK: _Clock | None = None
+_WARM_UP = False  # started ahead of any request (`warm-up`): converts a little of each kind while it waits
 _TEMP = ""  # this process's folder for what a query spills (given by the parent, removed with the process)
 
 
@@ -397,10 +398,11 @@ OPS = {"convert": _convert, "profile": _profile, "query": _query, "slice": _slic
 
 
 def main() -> None:
-    global _CLOCK, _TEMP
+    global _CLOCK, _TEMP, _WARM_UP
     _look_after_itself()
     idle = float(sys.argv[1]) if len(sys.argv) > 1 else 60.0
     _TEMP = sys.argv[2] if len(sys.argv) > 2 else ""
+    _WARM_UP = sys.argv[3:4] == ["warm-up"]
     out = sys.stdout
     sys.stdout = sys.stderr  # nothing else may write to the parent's pipe
     _CLOCK = _Clock()
@@ -419,11 +421,13 @@ def _requests(idle: float, out: Any, clock: _Clock) -> None:
 
     with duckdb.connect(":memory:") as warm:  # DuckDB's first database in a process costs ~15 ms more: here,
         warm.execute("SELECT count(*), max(range) FROM range(10)").fetchall()  # not in the first request
-    warm_ups = list(_WARM_FILES.items()) if _TEMP else []
+    warm_ups = list(_WARM_FILES.items()) if _TEMP and _WARM_UP else []
     limited = False
     while True:
-        while warm_ups and not select.select([sys.stdin.buffer], [], [], 0)[0]:  # only while nobody waits
+        # only while nobody waits, and not while the gateway starts (the process was started beside it)
+        while warm_ups and not select.select([sys.stdin.buffer], [], [], WARM_UP_AFTER)[0]:
             _warm_up(duckdb, *warm_ups.pop(0))
+        warm_ups = []  # a request came first: it warmed the process itself (none runs later, beside others' work)
         if not select.select([sys.stdin.buffer], [], [], idle)[0]:  # idle too long: the process ends
             return
         line = sys.stdin.buffer.readline()
@@ -445,6 +449,7 @@ def _requests(idle: float, out: Any, clock: _Clock) -> None:
             return
 
 
+WARM_UP_AFTER = 0.5  # seconds a worker waits idle before each warm-up conversion
 # what `_warm_up` converts: a few rows of each kind, shaped as the loaders' slower paths take them
 _WARM_FILES = {
     "warm.csv": ("csv", "id,name,when,price\n1,a,2020-01-02,1.5\n2,NA,2021-03-04,\n"),

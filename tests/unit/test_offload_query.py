@@ -280,8 +280,8 @@ def test_a_worker_started_ahead_while_the_gateway_stops_is_ended(monkeypatch: py
     started: list[Any] = []
     spawn = query._SPAWNER.start
 
-    def stopped_meanwhile() -> Any:
-        started.append(proc := spawn())
+    def stopped_meanwhile(**how: Any) -> Any:
+        started.append(proc := spawn(**how))
         query.stop_all()
         return proc
 
@@ -684,7 +684,7 @@ def test_a_worker_whose_warm_up_fails_still_serves(tmp_path: Path) -> None:
     with duckdb.connect(str(db)) as conn:
         conn.execute("CREATE TABLE items AS SELECT 41 AS n")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "plugins.offload.sql_worker", "30", str(blocked)],
+        [sys.executable, "-m", "plugins.offload.sql_worker", "30", str(blocked), "warm-up"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -704,3 +704,37 @@ def test_a_worker_whose_warm_up_fails_still_serves(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads a process's priority from /proc (Linux)")
+def test_a_worker_runs_below_the_gateway_from_its_start_and_only_so_much(tmp_path: Path) -> None:
+    """Started under `nice` (its Python start and DuckDB's import yield to the gateway's own start), and
+    not lowered a second time by itself: its queries run at the gateway's priority plus NICE."""
+    import sys
+
+    import duckdb
+
+    def nice_of(pid: int) -> int:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+
+    expected = min(19, nice_of(os.getpid()) + sql_worker.NICE)
+    db = tmp_path / "r.duckdb"
+    with duckdb.connect(str(db)) as conn:
+        conn.execute("CREATE TABLE items AS SELECT 1 AS n")
+    proc = query._SPAWNER.start()
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        deadline = time.monotonic() + 30
+        while (
+            not Path(f"/proc/{proc.pid}/cmdline").read_text().startswith(sys.executable) and time.monotonic() < deadline
+        ):
+            time.sleep(0.001)  # `nice` runs first and becomes Python
+        assert nice_of(proc.pid) == expected  # as Python starts
+        request = {"op": "query", "db": str(db), "sql": "SELECT n FROM items", "address_space": query.ADDRESS_SPACE}
+        request |= {"seconds": 10, "wall": 20, "memory": "64MB", "temp": "64MB", "threads": 1}
+        proc.stdin.write((json.dumps(request) + "\n").encode())
+        proc.stdin.flush()
+        assert proc.stdout.readline() == b'{"started": true}\n'
+        assert nice_of(proc.pid) == expected  # and once it runs its own code
+    finally:
+        query._close(proc)
