@@ -225,6 +225,24 @@ class VersionedCache(Generic[T]):
             self._items.clear()
 
 
+# SHA-256 digests of files, as their writers computed them while writing (a saved result: its bytes
+# hashed on their way to the disk): comparing two files' contents then reads neither
+_DIGESTS: VersionedCache[str] = VersionedCache(max_items=4096)
+
+
+def remember_digest(path: Path, digest: str) -> None:
+    """The SHA-256 (hex) of the file as just written, for `known_digest`."""
+    _DIGESTS.put(path, digest)
+
+
+def known_digest(path: Path) -> str | None:
+    """The SHA-256 (hex) of this version of the file, if its writer told it (`remember_digest`)."""
+    try:
+        return _DIGESTS.peek(path)
+    except OSError:  # gone
+        return None
+
+
 def move_aside(path: Path) -> Path:
     """A damaged SQLite file (and its WAL and shared-memory files) renamed out of the way, kept for a look."""
     target = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")

@@ -5,6 +5,7 @@ the model passes resolve safely inside the folder. Offload writes here; document
 from __future__ import annotations
 
 import base64
+import hashlib
 import logging
 import re
 import secrets
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.services import spill
-from gateway.services.files import atomic_write, sweep_entry, temp_writer, writer_gone
+from gateway.services.files import atomic_write, remember_digest, sweep_entry, temp_writer, writer_gone
 
 log = logging.getLogger("gateway.services.responses")
 ID_PATTERN = re.compile(r"^resp_[0-9a-f]{8}$")
@@ -144,21 +145,22 @@ class ResponseStore:
 
     def save_text(self, stem: str, text: str, kind: str) -> Saved:
         """Write text atomically (temp file + rename) in 1 MB slices: no second copy of a huge payload."""
-        rid = self.new_id()
-        path = self._target(stem, rid, "json" if kind == "json" else "txt")
-        atomic_write(
-            path,
-            lambda fh: [
-                fh.write(text[i : i + _SLICE].encode("utf-8", "surrogatepass")) for i in range(0, len(text), _SLICE)
-            ],
-        )
-        return Saved(rid, path, path.stat().st_size, kind, "application/json" if kind == "json" else "text/plain")
+        return self.save_chunks(stem, (text[i : i + _SLICE] for i in range(0, len(text), _SLICE)), kind)
 
     def save_chunks(self, stem: str, chunks: Any, kind: str) -> Saved:
         """Write text produced piece by piece (atomically); for results built while streaming."""
         rid = self.new_id()
         path = self._target(stem, rid, "json" if kind == "json" else "txt")
-        atomic_write(path, lambda fh: [fh.write(c.encode("utf-8", "surrogatepass")) for c in chunks])
+        digest = hashlib.sha256()
+
+        def write(fh: Any) -> None:
+            for chunk in chunks:
+                data = chunk.encode("utf-8", "surrogatepass")
+                fh.write(data)
+                digest.update(data)
+
+        atomic_write(path, write)
+        remember_digest(path, digest.hexdigest())  # a result read again is told from it without reading either
         return Saved(rid, path, path.stat().st_size, kind, "application/json" if kind == "json" else "text/plain")
 
     def adopt(self, stem: str, part: spill.Spilled, kind: str) -> Saved:
@@ -166,6 +168,7 @@ class ResponseStore:
         rid = self.new_id()
         path = self._target(stem, rid, "json" if kind == "json" else "txt")
         size = spill.adopt(part, path)
+        remember_digest(path, part.digest)  # the reader hashed its bytes as it wrote them
         return Saved(rid, path, size, kind, "application/json" if kind == "json" else "text/plain")
 
     def save_base64(self, stem: str, data: str | bytes, mime: str) -> Saved:
@@ -174,6 +177,7 @@ class ResponseStore:
         payload = base64.b64decode(data)
         path = self._target(stem, rid, MIME_EXT.get(mime, "bin"))
         atomic_write(path, payload)
+        remember_digest(path, hashlib.sha256(payload).hexdigest())
         return Saved(rid, path, len(payload), "binary", mime)
 
     # -- resolving what the model passes --------------------------------------------------

@@ -14,7 +14,7 @@ from typing import Any
 
 import ijson
 
-from gateway.services.files import VersionedCache
+from gateway.services.files import known_digest
 
 SMALL_FILE = 4 * 1024 * 1024  # parsed whole and cached; larger files are streamed
 # the files kept parsed, in all: a parsed value takes 4-7x its file's bytes in Python objects (2.6 MB of an
@@ -26,38 +26,37 @@ class BrokenJSON(Exception):
     pass
 
 
-_KEYS: VersionedCache[tuple[int, bytes]] = VersionedCache(max_items=256)  # a file version's bytes, named
-_VALUES: OrderedDict[tuple[int, bytes], Any] = OrderedDict()  # parsed values by their file's bytes, LRU
+_VALUES: OrderedDict[str, tuple[int, Any]] = OrderedDict()  # file digest -> (its size, its parsed value), LRU
 _VALUES_LOCK = threading.Lock()
 
 
 def parsed(path: Path) -> Any:
     """The whole value of a small file, parsed once per content: a result read again (another file with
     the same bytes) shares the value already parsed, rather than holding another copy of it."""
-    if (key := _KEYS.peek(path)) is not None and (found := _parsed_as(key)) is not None:
+    if (digest := known_digest(path)) is not None and (found := _parsed_as(digest)) is not None:
         return found[0]
     data = path.read_bytes()
-    key = (len(data), hashlib.blake2b(data, digest_size=16).digest())
-    _KEYS.put(path, key)
-    if (found := _parsed_as(key)) is not None:
-        return found[0]
+    if digest is None:  # a file the responses store did not write (or wrote before a restart)
+        digest = hashlib.sha256(data).hexdigest()
+        if (found := _parsed_as(digest)) is not None:
+            return found[0]
     try:
         value = json.loads(data.decode("utf-8"))
     except json.JSONDecodeError as exc:
         raise BrokenJSON(f"the file is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
     with _VALUES_LOCK:
-        _VALUES[key] = value
-        while len(_VALUES) > 1 and sum(size for size, _ in _VALUES) > CACHE_BYTES:
+        _VALUES[digest] = (len(data), value)
+        while len(_VALUES) > 1 and sum(size for size, _ in _VALUES.values()) > CACHE_BYTES:
             _VALUES.popitem(last=False)
     return value
 
 
-def _parsed_as(key: tuple[int, bytes]) -> tuple[Any] | None:
+def _parsed_as(digest: str) -> tuple[Any] | None:
     with _VALUES_LOCK:
-        if key not in _VALUES:
+        if digest not in _VALUES:
             return None
-        _VALUES.move_to_end(key)
-        return (_VALUES[key],)
+        _VALUES.move_to_end(digest)
+        return (_VALUES[digest][1],)
 
 
 def is_small(path: Path) -> bool:

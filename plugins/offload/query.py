@@ -47,7 +47,14 @@ from anyio import NoEventLoopError
 import plugins.offload.table_json as table_json
 from gateway.args import ToolInputError
 from gateway.services import shares
-from gateway.services.files import VersionedCache, atomic_write, process_alive, same_bytes, temp_beside
+from gateway.services.files import (
+    VersionedCache,
+    atomic_write,
+    known_digest,
+    process_alive,
+    same_bytes,
+    temp_beside,
+)
 from plugins.offload.json_file import BrokenJSON
 from plugins.offload.paths import PathError
 from plugins.offload.sql_worker import LINE_BYTES, NICE, PARENT_ENV, STARTED, TIME_EXIT
@@ -487,8 +494,10 @@ def _twin_tables(result: Path, namespace: str = "") -> list[Table] | None:
     """The tables of an earlier result in the same folder (the same caller's) holding the same bytes, its
     DuckDB file linked beside this one: a file read again, or a log fetched twice, is converted once.
     None when there is no such result with its tables built, or its file cannot be linked (then this one
-    is converted on its own). Only bytes compared equal count; the size and name only pick candidates.
-    The comparison reads files as a conversion would: within the caller's places for conversions."""
+    is converted on its own). Only equal contents count: their SHA-256 digests where both are known (the
+    responses store hashes a result as it writes it; a record keeps its result's), else their bytes
+    compared; the size and name only pick candidates. Bytes are read within the caller's places for
+    conversions, as a conversion reads them; digests need no place (a profile under way may hold it)."""
     if str(result) in _NO_TWIN or str(result.parent) in _NO_LINK:
         return None
     try:
@@ -506,32 +515,54 @@ def _twin_tables(result: Path, namespace: str = "") -> list[Table] | None:
         return None
     if not same_size:
         return None
+    mine, unsure = known_digest(result), []
+    for _, twin in sorted(same_size, reverse=True)[:TWINS_COMPARED]:
+        record = _record(twin)
+        theirs = None if record is None else record.get("digest") or known_digest(twin)
+        if record is None or (mine is not None and theirs is not None and mine != theirs):
+            continue
+        if mine is None or theirs is None:
+            unsure.append(twin)
+        elif (shared := _share(result, twin, compare=False)) is not _NOT_SHARED:
+            return shared
+    if not unsure:
+        return None
     with _slot(namespace, _token.get(), shares.conversion_pool()):
-        for _, twin in sorted(same_size, reverse=True)[:TWINS_COMPARED]:
-            linked = temp_beside(result, "duckdb")
-            try:
-                if (record := _record(twin)) is None:
-                    continue
-                try:  # linked before the bytes are compared: a file system without links costs no reading
-                    os.link(db_path(twin), linked)  # queries open it read-only: one file serves both
-                except OSError as exc:
-                    if db_path(twin).exists() and not linked.exists():  # links are not made here
-                        log.info("no hard links in %s (%s): results read again are converted again", result.parent, exc)
-                        _NO_LINK.add(str(result.parent))
-                        return None
-                    continue
-                if _version(linked) != record["db"] or not same_bytes(twin, result):
-                    continue
-                if record["result"] != _version(twin):  # written again while compared
-                    continue
-                _save_tables(result, record["tables"], profiled=record.get("profiled", True), built=linked)
-                log.debug("%s holds the bytes of %s: its tables serve it", result.name, twin.name)
-                return _tables_of(record["tables"])
-            except (OSError, ValueError, KeyError, TypeError):
-                continue
-            finally:
-                linked.unlink(missing_ok=True)
+        for twin in unsure:
+            if (shared := _share(result, twin, compare=True)) is not _NOT_SHARED:
+                return shared
     return None
+
+
+_NOT_SHARED: Any = object()  # `_share` found nothing to share (the next candidate may have it)
+
+
+def _share(result: Path, twin: Path, compare: bool) -> list[Table] | None:
+    """`twin`'s tables for `result`, its DuckDB file linked beside it (`compare`: after their bytes were
+    compared equal); `_NOT_SHARED` when they cannot serve it, None when this folder makes no links."""
+    linked = temp_beside(result, "duckdb")
+    try:
+        if (record := _record(twin)) is None:
+            return _NOT_SHARED
+        try:  # linked before the bytes are compared: a file system without links costs no reading
+            os.link(db_path(twin), linked)  # queries open it read-only: one file serves both
+        except OSError as exc:
+            if db_path(twin).exists() and not linked.exists():  # links are not made here
+                log.info("no hard links in %s (%s): results read again are converted again", result.parent, exc)
+                _NO_LINK.add(str(result.parent))
+                return None
+            return _NOT_SHARED
+        if _version(linked) != record["db"] or (compare and not same_bytes(twin, result)):
+            return _NOT_SHARED
+        if record["result"] != _version(twin):  # written again while compared
+            return _NOT_SHARED
+        _save_tables(result, record["tables"], profiled=record.get("profiled", True), built=linked)
+        log.debug("%s holds the bytes of %s: its tables serve it", result.name, twin.name)
+        return _tables_of(record["tables"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return _NOT_SHARED
+    finally:
+        linked.unlink(missing_ok=True)
 
 
 def _converting(namespace: str, request: dict[str, Any], answer: str, what: str) -> dict[str, Any]:
@@ -607,6 +638,8 @@ def _save_tables(result: Path, tables: list[dict[str, Any]], profiled: bool, bui
     if built is not None:
         built.replace(target)
     record = {"result": _version(result), "db": _version(target), "tables": tables, "profiled": profiled}
+    if (digest := known_digest(result)) is not None:  # a twin found after a restart is told without reading
+        record["digest"] = digest
     atomic_write(profile_path(result), json.dumps(record, ensure_ascii=False, default=str), sync=False)
 
 

@@ -15,7 +15,6 @@ from plugins.offload import json_file
 @pytest.fixture(autouse=True)
 def empty_cache() -> None:
     json_file._VALUES.clear()
-    json_file._KEYS.clear()
 
 
 def _records(n: int, tag: str) -> str:
@@ -67,6 +66,6 @@ def test_the_values_kept_parsed_stay_within_their_budget(tmp_path: Path) -> None
     finally:
         tracemalloc.stop()
     size = paths[0].stat().st_size
-    assert sum(s for s, _ in json_file._VALUES) <= json_file.CACHE_BYTES
+    assert sum(s for s, _ in json_file._VALUES.values()) <= json_file.CACHE_BYTES
     assert held < 160 * 2**20, f"{held / 2**20:.0f} MB held for files of {size / 2**20:.1f} MB"
     assert json_file.parsed(paths[-1])["items"][-1]["name"] == "t23-19999"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -738,3 +739,57 @@ def test_a_worker_runs_below_the_gateway_from_its_start_and_only_so_much(tmp_pat
         assert nice_of(proc.pid) == expected  # and once it runs its own code
     finally:
         query._close(proc)
+
+
+def _no_reading_nor_a_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("read the files' bytes, or took a place for conversions, to compare them")
+
+    monkeypatch.setattr(query, "same_bytes", refused)
+    monkeypatch.setattr(query, "_slot", refused)
+
+
+def test_a_result_read_again_is_told_by_digests_without_reading_or_a_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The responses store hashes each result as it writes it: a result read again shares the earlier
+    one's tables without reading either file and without one of the caller's places for conversions (the
+    earlier one's profiles may hold it: a re-read of a 2.6 MB API model waited ~0.5 s for them)."""
+    from gateway.services import files
+
+    store = ResponseStore(tmp_path)
+    text = json.dumps([{"id": i, "name": f"n{i}"} for i in range(300)])
+    first = store.save_text("t", text, "json")
+    query.build(first.path, "json")
+    _no_reading_nor_a_place(monkeypatch)
+    again = store.save_text("t", text, "json")
+    assert query._twin_tables(again.path) is not None
+    assert query.db_path(again.path).stat().st_ino == query.db_path(first.path).stat().st_ino
+    other = store.save_text("t", text.replace("n1", "m1"), "json")  # as long, other bytes
+    assert other.size == first.size and query._twin_tables(other.path) is None
+    files._DIGESTS.clear()  # a restart: the earlier result's record still names its digest
+    files.remember_digest(again.path, hashlib.sha256(text.encode()).hexdigest())
+    query.db_path(again.path).unlink()
+    query.profile_path(again.path).unlink()
+    assert query._twin_tables(again.path) is not None
+
+
+def test_a_file_without_a_known_digest_is_compared_by_its_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gateway.services import files
+
+    store = ResponseStore(tmp_path)
+    text = json.dumps([{"id": i} for i in range(300)])
+    first = store.save_text("t", text, "json")
+    query.build(first.path, "json")
+    files._DIGESTS.clear()  # written before a restart, before records named digests
+    record = json.loads(query.profile_path(first.path).read_bytes())
+    record.pop("digest")
+    query.profile_path(first.path).write_text(json.dumps(record))
+    os.utime(query.profile_path(first.path))
+    again = store.save_text("t", text, "json")
+    compared: list[Path] = []
+    real_same = query.same_bytes
+    monkeypatch.setattr(query, "same_bytes", lambda a, b: compared.append(a) or real_same(a, b))
+    assert query._twin_tables(again.path) is not None and compared == [first.path]
