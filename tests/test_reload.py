@@ -222,3 +222,37 @@ async def test_a_serving_gateway_freezes_what_it_started_with_and_a_reload_thaws
         save(cfg, config_text.replace(_table("a"), ""))
         await eventually(lambda: frozen() == 2, 30, "frozen again after the reload")
         assert text_of(await session.call_tool("b__whoami", {})) == "b"
+
+
+async def test_the_config_watcher_never_holds_an_exit(tmp_path: Path) -> None:
+    """The file watcher looks at its stop event only every so often (WATCH_LOOKS_MS); an exit waited for
+    that look (~0.2 s of every exit of a gateway started per task). Its thread is never waited for: the
+    watch ends at once, a change still reaches a reload, and the thread ends on its own soon after."""
+    import threading
+    from types import SimpleNamespace
+
+    config = tmp_path / "gateway.toml"
+    config.write_text("[gateway]\n")
+    reloads: list[str] = []
+
+    class Watched(ConfigReloader):
+        async def reload(self, why: str) -> Any:
+            reloads.append(why)
+
+    reloader = Watched(SimpleNamespace(settings=SimpleNamespace(config_path=config)), lambda: None)  # type: ignore[arg-type]
+
+    def watchers() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name == "config-watch"]
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(reloader._on_file_change, config)
+        await eventually(lambda: bool(watchers()))
+        with anyio.fail_after(20):  # changed until one is seen (one made before the watch began is not)
+            while not reloads:
+                config.write_text(f"[gateway]\n# change {len(config.read_text())}\n")
+                await anyio.sleep(0.05)
+        watcher = watchers()[0]
+        tg.cancel_scope.cancel()
+    assert watcher.is_alive() and watcher.daemon  # the watch ended without waiting for its thread
+    await eventually(lambda: not watcher.is_alive(), 20)  # it saw the stop event at its next look
+    assert set(reloads) == {"gateway.toml changed"}

@@ -39,6 +39,7 @@ def cmd_serve(settings: Settings, reload: Callable[[], Settings] | None = None) 
 
     heap.collect_less()
     anyio.run(_serve, settings, reload)
+    heap.exiting()
     return 0
 
 

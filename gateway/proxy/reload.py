@@ -17,16 +17,20 @@ can as well drop a tool filter or a size limit, and a second is nothing for a sa
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import anyio
+import anyio.from_thread
+import anyio.lowlevel
 import anyio.to_thread
 
 import gateway.proxy.sighup as sighup
@@ -49,6 +53,7 @@ CONNECTION_KEYS = (
     "ping_seconds",
 )
 DEBOUNCE_MS = 300  # editors write a file in several steps (truncate, write, rename)
+WATCH_LOOKS_MS = 1000  # how often the watcher thread looks at its stop event (nobody waits for it to end)
 # how long a file must stay unchanged before it is applied: editors finish a save in milliseconds,
 # a script writing in pieces or a network file system within a few hundred
 SETTLE_SECONDS = 0.75
@@ -223,19 +228,41 @@ class ConfigReloader:
     async def _on_file_change(self, path: Any) -> None:
         # imported in a worker thread: the loop is answering the host's first requests meanwhile
         watchfiles = await anyio.to_thread.run_sync(importlib.import_module, "watchfiles")
+        changes, changed = anyio.create_memory_object_stream[None](1)
+        stop = threading.Event()
+        token = anyio.lowlevel.current_token()
 
-        def is_config(_change: Any, changed: str) -> bool:
-            return changed == str(path)
+        def tell() -> None:
+            with contextlib.suppress(anyio.WouldBlock):  # a reload is pending already: it reads the file anew
+                changes.send_nowait(None)
 
+        def watch() -> None:
+            try:
+                for _ in watchfiles.watch(
+                    path.parent,
+                    watch_filter=lambda _change, name: name == str(path),
+                    debounce=DEBOUNCE_MS,
+                    step=50,
+                    recursive=False,
+                    stop_event=stop,
+                    rust_timeout=WATCH_LOOKS_MS,
+                    raise_interrupt=False,
+                ):
+                    anyio.from_thread.run_sync(tell, token=token)
+            except anyio.RunFinishedError:  # the gateway stopped meanwhile
+                pass
+            except Exception as exc:  # a folder that cannot be watched: SIGHUP still works
+                log.warning("cannot watch %s for changes (%s); send SIGHUP to reload it", path, exc)
+
+        # a daemon thread, never waited for: an exit would otherwise wait for the watcher's next look at
+        # `stop` (~0.2 s of the exit of a gateway started per task with a look every 300 ms)
+        threading.Thread(target=watch, name="config-watch", daemon=True).start()
         try:
-            # rust_timeout: how long the watcher thread waits before it looks at the stop event; its 5 s
-            # default held every HTTP gateway's exit that long
-            async for _ in watchfiles.awatch(
-                path.parent, watch_filter=is_config, debounce=DEBOUNCE_MS, step=50, recursive=False, rust_timeout=300
-            ):
-                await self.reload(f"{path.name} changed")
-        except Exception as exc:  # a folder that cannot be watched: SIGHUP still works
-            log.warning("cannot watch %s for changes (%s); send SIGHUP to reload it", path, exc)
+            async with changed:
+                async for _ in changed:
+                    await self.reload(f"{path.name} changed")
+        finally:
+            stop.set()
 
 
 def _read(path: Path | None) -> bytes | None:

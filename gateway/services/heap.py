@@ -58,6 +58,16 @@ def serving() -> None:
     log.info("collector: %d objects alive at start frozen", gc.get_freeze_count())
 
 
+def exiting() -> None:
+    """The gateway has stopped serving and the process ends: what is alive is moved out of the collector's
+    sight, so the interpreter's last passes do not walk it (they took 0.2-0.3 s of the exit of a gateway
+    that served for less than `FREEZE_AFTER`, which a host starting one per task waits for). The young
+    garbage is collected first (its finalizers run); files and connections were closed when serving
+    stopped, and what else is alive goes with the process's memory."""
+    gc.collect(1)
+    gc.freeze()
+
+
 def thaw() -> bool:
     """Give back to the collector what `serving` froze (a reload's replaced upstreams are garbage among
     it); True when anything was frozen, so that the caller freezes again once the new state is up."""
