@@ -163,24 +163,24 @@ class _Spawner:
             if self.thread is None or not self.thread.is_alive():
                 self.thread = threading.Thread(target=self._run, name="sql-workers", daemon=True)
                 self.thread.start()
-        box: list[Any] = [warm_up]
+        box: list[Any] = []
         done = threading.Event()
-        self.requests.put((box, done))
+        self.requests.put((warm_up, box, done))
         done.wait()
-        if isinstance(box[-1], BaseException):
-            raise box[-1]
-        return box[-1]
+        if isinstance(box[0], BaseException):
+            raise box[0]
+        return box[0]
 
     def _run(self) -> None:
         path = os.pathsep.join(filter(None, [_ROOT, os.environ.get("PYTHONPATH")]))
         while True:
-            box, done = self.requests.get()
+            warm_up, box, done = self.requests.get()
             temp = None
             try:
                 temp = _private_temp()
                 proc = _Process(
                     [*_niced(), sys.executable, "-m", "plugins.offload.sql_worker", str(IDLE_SECONDS), str(temp)]
-                    + (["warm-up"] if box[0] else []),
+                    + (["warm-up"] if warm_up else []),
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.DEVNULL,
