@@ -67,6 +67,7 @@ MEMORY_LIMIT = "256MB"  # a query's working memory; beyond it DuckDB spills to d
 TEMP_LIMIT = "1GB"  # ...at most this much, into a folder of the query's own, removed when it ends
 ADDRESS_SPACE = 2 * 1024**3  # what a worker process may map in all (DuckDB's chunks of rows included)
 BUILD_SECONDS = 120.0  # a conversion taking longer is stopped (slices and search still answer)
+PROFILE_AFTER = 0.3  # seconds between a background conversion's tables and its column profiles
 BUILD_MEMORY_LIMIT = "48MB"  # a conversion's working memory (its worker peaks near 90 MB for 68 MB of JSON)...
 BUILD_MEMORY_CEILING = "256MB"  # ...raised once to this for a statement needing more (long records, wide rows)
 SLICE_SECONDS = 20.0  # a JSONPath over a large result
@@ -705,6 +706,10 @@ def warm(result: Path, kind: str, namespace: str = "") -> threading.Thread:
     def convert() -> None:
         _token.value = token
         try:
+            loaded(result, kind, namespace)  # what a query needs
+            # the profiles a little later: the caller's first query, sent as the fileRef arrives, takes the
+            # warm worker (a fresh gateway may have only the one it started ahead; a spare is still starting)
+            time.sleep(PROFILE_AFTER)
             build(result, kind, namespace)
         except shares.Busy as exc:  # no place in time: the first query converts it
             log.debug("background conversion of %s not started: %s", result.name, exc)

@@ -793,3 +793,24 @@ def test_a_file_without_a_known_digest_is_compared_by_its_bytes(
     real_same = query.same_bytes
     monkeypatch.setattr(query, "same_bytes", lambda a, b: compared.append(a) or real_same(a, b))
     assert query._twin_tables(again.path) is not None and compared == [first.path]
+
+
+def test_the_first_query_after_a_background_conversion_gets_the_warm_worker(
+    explorer: tuple[Explorer, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fresh gateway has one warm worker (started ahead); the conversion uses it and a spare starts.
+    The column profiles wait PROFILE_AFTER, so the query sent as the fileRef arrives takes the warm worker
+    instead of waiting for the spare to start (0.1-0.2 s in a gateway started per task)."""
+    tool, rid = explorer
+    result = tool.store.resolve(rid)
+    monkeypatch.setattr(query, "PROFILE_AFTER", 1.0)
+    query.stop_all()
+    query.start_ahead()
+    ahead = query._AHEAD[0][1].pid
+    converting = query.warm(result, "json", "erin")
+    deadline = time.monotonic() + 30
+    while query._LOADED.peek(result) is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert _pid_of(result, "SELECT count(*) FROM items", "erin") == ahead
+    converting.join(60)
+    query.stop_all()
