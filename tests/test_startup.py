@@ -181,3 +181,22 @@ def test_serve_starts_the_sql_worker_beside_its_imports(tmp_path: Path, disabled
     config = write_config(tmp_path, {"p": probe("p")}, plugins=None, disabled_plugins=disabled)
     expected = {"ran": [], "workers": 0} if disabled else {"ran": ["offload"], "workers": 1}
     assert _spied(EARLY_SPY, config) == expected
+
+
+def test_a_gateway_that_fails_to_start_leaves_no_worker_folder(tmp_path: Path) -> None:
+    """`serve` starts the SQL worker before the plugins are configured; a start that fails there (a key
+    offload does not know) never stops the plugins: its exit ends the worker and removes its folder."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    config = write_config(tmp_path, {"p": probe("p")}, {"offload": {"no_such_key": 1}}, plugins=None)
+    for _ in range(3):
+        done = subprocess.run(
+            [PY, "-m", "gateway", "serve", "--config", str(config)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+            env=gateway_env(TMPDIR=str(temp)),
+        )
+        assert done.returncode == 2 and "no_such_key" in done.stderr, done.stderr
+    assert not list(temp.glob("ctx-sql-*")), [str(p) for p in temp.rglob("*")]

@@ -230,15 +230,24 @@ class VersionedCache(Generic[T]):
 _DIGESTS: VersionedCache[str] = VersionedCache(max_items=4096)
 
 
+def written_as(path: Path) -> list[int]:
+    """What changes whenever a file's bytes may have: its inode and status-change time, besides the size and
+    modification time a `FileVersion` holds (a file rewritten in place within one clock tick, or given
+    its old time back, keeps those two; no call can set the status-change time)."""
+    st = path.stat()
+    return [st.st_ino, st.st_ctime_ns]
+
+
 def remember_digest(path: Path, digest: str) -> None:
     """The SHA-256 (hex) of the file as just written, for `known_digest`."""
-    _DIGESTS.put(path, digest)
+    _DIGESTS.put(path, digest, sub=tuple(written_as(path)))
 
 
 def known_digest(path: Path) -> str | None:
-    """The SHA-256 (hex) of this version of the file, if its writer told it (`remember_digest`)."""
+    """The SHA-256 (hex) of this version of the file, if its writer told it (`remember_digest`) and the
+    file was not written or touched since."""
     try:
-        return _DIGESTS.peek(path)
+        return _DIGESTS.peek(path, sub=tuple(written_as(path)))
     except OSError:  # gone
         return None
 

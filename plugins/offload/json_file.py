@@ -26,37 +26,40 @@ class BrokenJSON(Exception):
     pass
 
 
-_VALUES: OrderedDict[str, tuple[int, Any]] = OrderedDict()  # file digest -> (its size, its parsed value), LRU
+# (folder, file digest) -> (its size, its parsed value), LRU: a caller's results share a value, never two
+# callers' (how fast a document parses would tell one caller what another fetched)
+_VALUES: OrderedDict[tuple[str, str], tuple[int, Any]] = OrderedDict()
 _VALUES_LOCK = threading.Lock()
 
 
 def parsed(path: Path) -> Any:
-    """The whole value of a small file, parsed once per content: a result read again (another file with
-    the same bytes) shares the value already parsed, rather than holding another copy of it."""
-    if (digest := known_digest(path)) is not None and (found := _parsed_as(digest)) is not None:
+    """The whole value of a small file, parsed once per content and folder: a result read again (another
+    file of the caller's with the same bytes) shares the value already parsed, rather than holding
+    another copy of it."""
+    if (digest := known_digest(path)) is not None and (found := _parsed_as((str(path.parent), digest))) is not None:
         return found[0]
     data = path.read_bytes()
     if digest is None:  # a file the responses store did not write (or wrote before a restart)
         digest = hashlib.sha256(data).hexdigest()
-        if (found := _parsed_as(digest)) is not None:
+        if (found := _parsed_as((str(path.parent), digest))) is not None:
             return found[0]
     try:
         value = json.loads(data.decode("utf-8"))
     except json.JSONDecodeError as exc:
         raise BrokenJSON(f"the file is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
     with _VALUES_LOCK:
-        _VALUES[digest] = (len(data), value)
+        _VALUES[(str(path.parent), digest)] = (len(data), value)
         while len(_VALUES) > 1 and sum(size for size, _ in _VALUES.values()) > CACHE_BYTES:
             _VALUES.popitem(last=False)
     return value
 
 
-def _parsed_as(digest: str) -> tuple[Any] | None:
+def _parsed_as(key: tuple[str, str]) -> tuple[Any] | None:
     with _VALUES_LOCK:
-        if digest not in _VALUES:
+        if key not in _VALUES:
             return None
-        _VALUES.move_to_end(digest)
-        return (_VALUES[digest][1],)
+        _VALUES.move_to_end(key)
+        return (_VALUES[key][1],)
 
 
 def is_small(path: Path) -> bool:

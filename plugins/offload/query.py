@@ -21,6 +21,7 @@ and their column profiles after (the outline shows them).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import json
@@ -54,10 +55,11 @@ from gateway.services.files import (
     process_alive,
     same_bytes,
     temp_beside,
+    written_as,
 )
 from plugins.offload.json_file import BrokenJSON
 from plugins.offload.paths import PathError
-from plugins.offload.sql_worker import LINE_BYTES, NICE, PARENT_ENV, STARTED, TIME_EXIT
+from plugins.offload.sql_worker import LINE_BYTES, NICE, NICED_ENV, PARENT_ENV, STARTED, TIME_EXIT
 from plugins.offload.tables import Table
 
 log = logging.getLogger("plugins.offload")
@@ -185,7 +187,12 @@ class _Spawner:
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.DEVNULL,
-                    env={**os.environ, "PYTHONPATH": path, PARENT_ENV: str(os.getpid())},
+                    env={
+                        **os.environ,
+                        "PYTHONPATH": path,
+                        PARENT_ENV: str(os.getpid()),
+                        NICED_ENV: "1" if _niced() else "",
+                    },
                     cwd=_ROOT,
                 )
                 proc.temp = temp
@@ -266,6 +273,8 @@ def start_ahead() -> None:
         stops = _STOPS[0]
         if _AHEAD_RUN[0] == stops:
             return
+        if _AHEAD_RUN[0] == -1:  # a gateway that fails to start never stops its plugins: its exit ends it
+            atexit.register(_end_ahead)
         _AHEAD_RUN[0] = stops
     try:
         proc = _SPAWNER.start(warm_up=True)
@@ -277,6 +286,16 @@ def start_ahead() -> None:
             _AHEAD.append((time.monotonic(), proc))
             return
     _close(proc)  # the gateway stopped while it started
+
+
+def _end_ahead() -> None:
+    """The worker started ahead, ended and its folder removed (at exit: `serve` starts it before the
+    plugins are configured, and a gateway whose start fails never stops them)."""
+    with _RUNNING_LOCK:
+        ahead = [proc for _, proc in _AHEAD]
+        _AHEAD.clear()
+    for proc in ahead:
+        _close(proc)
 
 
 def _idle_caps() -> tuple[int, int]:
@@ -519,7 +538,7 @@ def _twin_tables(result: Path, namespace: str = "") -> list[Table] | None:
     mine, unsure = known_digest(result), []
     for _, twin in sorted(same_size, reverse=True)[:TWINS_COMPARED]:
         record = _record(twin)
-        theirs = None if record is None else record.get("digest") or known_digest(twin)
+        theirs = None if record is None else known_digest(twin) or _recorded_digest(twin, record)
         if record is None or (mine is not None and theirs is not None and mine != theirs):
             continue
         if mine is None or theirs is None:
@@ -533,6 +552,14 @@ def _twin_tables(result: Path, namespace: str = "") -> list[Table] | None:
             if (shared := _share(result, twin, compare=True)) is not _NOT_SHARED:
                 return shared
     return None
+
+
+def _recorded_digest(result: Path, record: dict[str, Any]) -> str | None:
+    """The digest a record keeps, if the result was not written or touched since (`files.written_as`)."""
+    try:
+        return record.get("digest") if record.get("digest_of") == written_as(result) else None
+    except OSError:
+        return None
 
 
 _NOT_SHARED: Any = object()  # `_share` found nothing to share (the next candidate may have it)
@@ -640,7 +667,7 @@ def _save_tables(result: Path, tables: list[dict[str, Any]], profiled: bool, bui
         built.replace(target)
     record = {"result": _version(result), "db": _version(target), "tables": tables, "profiled": profiled}
     if (digest := known_digest(result)) is not None:  # a twin found after a restart is told without reading
-        record["digest"] = digest
+        record["digest"], record["digest_of"] = digest, written_as(result)
     atomic_write(profile_path(result), json.dumps(record, ensure_ascii=False, default=str), sync=False)
 
 

@@ -37,6 +37,7 @@ ROW_BYTES = 8 * 1024 * 1024  # ...and one row may be at most this large: a line 
 LINE_BYTES = BATCH_BYTES + ROW_BYTES + 64 * 1024  # the longest line the parent reads
 NICE = 10  # below the gateway's own priority: a query never slows the answers of other callers
 PR_SET_PDEATHSIG = 1
+NICED_ENV = "CTX_WORKER_NICED"  # set (non-empty) by a parent that started the worker under `nice` already
 PARENT_ENV = "CTX_WORKER_PARENT"  # the gateway's pid: a parent gone before the signal was set is seen
 STARTED = {"started": True}  # the first line of every answer: the request was taken
 TIME_EXIT = 124  # the exit status of a worker that ended itself at its time limit
@@ -49,7 +50,8 @@ def _look_after_itself() -> None:
     """A lower priority and death with the parent (POSIX; Linux for the parent-death signal)."""
     parent = int(os.environ.get(PARENT_ENV, "0")) or os.getppid()
     with contextlib.suppress(AttributeError, OSError):
-        os.nice(max(0, NICE - os.nice(0)))  # started under `nice` already, where there is one
+        if not os.environ.get(NICED_ENV):  # else started under `nice -n NICE` already: the gateway's plus NICE
+            os.nice(NICE)
     if sys.platform == "linux":
         import ctypes
 

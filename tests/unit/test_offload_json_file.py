@@ -69,3 +69,16 @@ def test_the_values_kept_parsed_stay_within_their_budget(tmp_path: Path) -> None
     assert sum(s for s, _ in json_file._VALUES.values()) <= json_file.CACHE_BYTES
     assert held < 160 * 2**20, f"{held / 2**20:.0f} MB held for files of {size / 2**20:.1f} MB"
     assert json_file.parsed(paths[-1])["items"][-1]["name"] == "t23-19999"
+
+
+def test_two_callers_never_share_a_parsed_value(tmp_path: Path) -> None:
+    """Each caller's results live in a folder of their own: the same document fetched by two callers is
+    parsed for each (how fast it parsed would tell one caller what the other fetched)."""
+    text = _records(200, "x")
+    (tmp_path / "alice").mkdir()
+    (tmp_path / "bob").mkdir()
+    first, second = tmp_path / "alice" / "a.json", tmp_path / "bob" / "a.json"
+    first.write_text(text)
+    second.write_text(text)
+    assert json_file.parsed(first) is not json_file.parsed(second)
+    assert json_file.parsed(first) == json_file.parsed(second)

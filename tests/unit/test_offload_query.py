@@ -814,3 +814,42 @@ def test_the_first_query_after_a_background_conversion_gets_the_warm_worker(
     assert _pid_of(result, "SELECT count(*) FROM items", "erin") == ahead
     converting.join(60)
     query.stop_all()
+
+
+def test_a_result_rewritten_in_place_is_not_taken_for_its_twin(tmp_path: Path) -> None:
+    """A digest names the bytes its writer wrote: a file written again in place with the same size and
+    modification time (within one clock tick, or its time set back) is compared anew, not trusted."""
+    store = ResponseStore(tmp_path)
+    text = "id,n\n" + "".join(f"{i},{10 * i}\n" for i in range(50))
+    first = store.save_text("t", text, "text")
+    query.build(first.path, "text")
+    again = store.save_text("t", text, "text")
+    kept = again.path.stat()
+    again.path.write_text(text.replace("\n1,10\n", "\n1,99\n"))  # as long: one value changed
+    os.utime(again.path, ns=(kept.st_atime_ns, kept.st_mtime_ns))
+    answer = Explorer(store).query(Args({"path": again.id, "sql": "SELECT n FROM items WHERE id = 1"}, "t"), 300)
+    assert answer["rows"] == [[99]]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads a process's priority from /proc (Linux)")
+@pytest.mark.parametrize("with_nice", [True, False])
+def test_a_worker_runs_at_its_gateways_priority_plus_nice(with_nice: bool) -> None:
+    """From a gateway already below normal priority (3), with `nice` on PATH or without it."""
+    import subprocess
+    import sys
+
+    script = (
+        "import os, sys, json\n"
+        "os.nice(3)\n"
+        "from plugins.offload import query\n"
+        + ("" if with_nice else "query._niced = lambda: []\n")
+        + "proc = query._SPAWNER.start()\n"
+        "request = {'op': 'slice', 'address_space': query.ADDRESS_SPACE, 'seconds': 5, 'wall': 10}\n"
+        "proc.stdin.write((json.dumps(request) + '\\n').encode()); proc.stdin.flush()\n"
+        "proc.stdout.readline()\n"  # started: it has run its own code
+        "stat = open(f'/proc/{proc.pid}/stat').read().rsplit(')', 1)[1].split()\n"
+        "print(stat[16])\n"
+        "query._close(proc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=query._ROOT)
+    assert out.stdout.strip() == str(min(19, 3 + sql_worker.NICE)), out.stderr
