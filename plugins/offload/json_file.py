@@ -36,19 +36,20 @@ def parsed(path: Path) -> Any:
     """The whole value of a small file, parsed once per content and folder: a result read again (another
     file of the caller's with the same bytes) shares the value already parsed, rather than holding
     another copy of it."""
-    if (digest := known_digest(path)) is not None and (found := _parsed_as((str(path.parent), digest))) is not None:
+    folder = str(path.parent)
+    if (digest := known_digest(path)) is not None and (found := _parsed_as((folder, digest))) is not None:
         return found[0]
     data = path.read_bytes()
     if digest is None:  # a file the responses store did not write (or wrote before a restart)
         digest = hashlib.sha256(data).hexdigest()
-        if (found := _parsed_as((str(path.parent), digest))) is not None:
+        if (found := _parsed_as((folder, digest))) is not None:
             return found[0]
     try:
         value = json.loads(data.decode("utf-8"))
     except json.JSONDecodeError as exc:
         raise BrokenJSON(f"the file is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
     with _VALUES_LOCK:
-        _VALUES[(str(path.parent), digest)] = (len(data), value)
+        _VALUES[(folder, digest)] = (len(data), value)
         while len(_VALUES) > 1 and sum(size for size, _ in _VALUES.values()) > CACHE_BYTES:
             _VALUES.popitem(last=False)
     return value

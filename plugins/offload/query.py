@@ -537,19 +537,18 @@ def _twin_tables(result: Path, namespace: str = "") -> list[Table] | None:
         return None
     mine, unsure = known_digest(result), []
     for _, twin in sorted(same_size, reverse=True)[:TWINS_COMPARED]:
-        record = _record(twin)
-        theirs = None if record is None else known_digest(twin) or _recorded_digest(twin, record)
-        if record is None or (mine is not None and theirs is not None and mine != theirs):
+        if (record := _record(twin)) is None:
             continue
+        theirs = known_digest(twin) or _recorded_digest(twin, record)
         if mine is None or theirs is None:
-            unsure.append(twin)
-        elif (shared := _share(result, twin, compare=False)) is not _NOT_SHARED:
+            unsure.append((twin, record))
+        elif mine == theirs and (shared := _share(result, twin, record, compare=False)) is not _NOT_SHARED:
             return shared
     if not unsure:
         return None
     with _slot(namespace, _token.get(), shares.conversion_pool()):
-        for twin in unsure:
-            if (shared := _share(result, twin, compare=True)) is not _NOT_SHARED:
+        for twin, record in unsure:
+            if (shared := _share(result, twin, record, compare=True)) is not _NOT_SHARED:
                 return shared
     return None
 
@@ -565,13 +564,12 @@ def _recorded_digest(result: Path, record: dict[str, Any]) -> str | None:
 _NOT_SHARED: Any = object()  # `_share` found nothing to share (the next candidate may have it)
 
 
-def _share(result: Path, twin: Path, compare: bool) -> list[Table] | None:
-    """`twin`'s tables for `result`, its DuckDB file linked beside it (`compare`: after their bytes were
-    compared equal); `_NOT_SHARED` when they cannot serve it, None when this folder makes no links."""
+def _share(result: Path, twin: Path, record: dict[str, Any], compare: bool) -> list[Table] | None:
+    """`twin`'s tables (its `record`) for `result`, its DuckDB file linked beside it (`compare`: after
+    their bytes were compared equal); `_NOT_SHARED` when they cannot serve it, None when this folder
+    makes no links."""
     linked = temp_beside(result, "duckdb")
     try:
-        if (record := _record(twin)) is None:
-            return _NOT_SHARED
         try:  # linked before the bytes are compared: a file system without links costs no reading
             os.link(db_path(twin), linked)  # queries open it read-only: one file serves both
         except OSError as exc:
