@@ -8,7 +8,6 @@ for building tools are `gateway.handlers`, `gateway.args` and `gateway.results`.
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +18,7 @@ import mcp_types as types
 from pydantic import BaseModel
 
 from gateway.progress import ProgressReporter, no_progress
-from gateway.services import shares
+from gateway.services import activity, shares
 from gateway.services.costs import COUNT_APART_ABOVE, Cost, result_cost, size_at_least, tokens_over
 from gateway.services.responses import ResponseStore, seen_on_host
 from gateway.services.storage import Storage
@@ -44,7 +43,7 @@ class ToolCall:
     tool: str = ""  # the upstream's own tool name
     session_id: str = "stdio"  # the host connection this call came from
     report_progress: ProgressReporter = no_progress
-    started: float = field(default_factory=time.monotonic)
+    started: float = field(default_factory=activity.call_started)
     host_session: Any = None  # the host's session and request id: an upstream's elicitation goes there
     request_id: Any = None
     meta: dict[str, Any] = field(default_factory=dict)  # the host's `_meta`, minus its own progress token

@@ -90,6 +90,39 @@ print(first, rough, est.estimate(long_text), est.estimate(short))
     assert rough > exact  # the built-in rates lean high until then
 
 
+def test_the_tokenizers_load_in_a_pause_between_calls_not_during_them() -> None:
+    """In a fresh process whose host starts a call every 0.1 s: the load (its native part holds the GIL
+    ~0.17 s at a time) waits while the calls keep coming, and happens once they pause."""
+    script = """
+import threading, time
+from gateway.services import activity, tokens, tokenizers
+tokenizers.LOAD_DELAY = 0.0
+busy = threading.Event()
+def calls():
+    while not busy.wait(0.1):
+        activity.call_started()
+activity.call_started()
+threading.Thread(target=calls, daemon=True).start()
+est = tokens.TokenEstimator("cl100k")
+est.estimate("The gateway keeps oversized results out of the window. " * 40)
+time.sleep(2.0)
+during = est.counting_exactly()
+busy.set()
+stopped = time.monotonic()
+while not est.counting_exactly():
+    assert time.monotonic() - stopped < 20, "the tokenizers never loaded"
+    time.sleep(0.02)
+print(during, round(time.monotonic() - stopped, 2))
+"""
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    during, after = out.stdout.split()
+    assert during == "False", "the tokenizers loaded while calls kept coming"
+    assert float(after) >= 0.4  # a pause of QUIET_SECONDS first
+
+
 @pytest.mark.anyio
 async def test_a_gateway_process_counts_with_the_real_tokenizers_after_its_first_long_result(tmp_path: Path) -> None:
     """Two gateways as a host starts them, side by side: with the default settings the first long result
@@ -120,7 +153,7 @@ async def test_a_gateway_process_counts_with_the_real_tokenizers_after_its_first
             await session.call_tool("probe__echo", long_result)
         with anyio.fail_after(30):
             while not await counted(exact):
-                await anyio.sleep(0.1)
+                await anyio.sleep(0.6)  # a pause between calls, as a model's turn: the tokenizers load in one
         until = time.monotonic() + 0.5
         while time.monotonic() < until:
             assert not await counted(estimate)
