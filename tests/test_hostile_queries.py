@@ -241,6 +241,14 @@ async def test_one_callers_queries_get_a_share_of_the_workers(tmp_path: Path) ->
         await ok(session, "response_query", {"path": rid, "sql": "SELECT count(*) FROM items"})
         await outline_with_tables(session, rid)  # the profiles are done: no conversion's worker runs beside
         pid = gateway_pid(cfg)
+        with anyio.fail_after(30):  # nor a spare still starting (its imports would count as running)
+            before = {w: _cpu_ticks(w) for w in _workers(pid)}
+            while True:
+                await anyio.sleep(0.3)
+                now = {w: _cpu_ticks(w) for w in _workers(pid)}
+                if now == before:
+                    break
+                before = now
         answers: list[Any] = []
         most, lowest = 0, 0
         spent: dict[int, int] = {}  # worker -> its CPU ticks at the last look

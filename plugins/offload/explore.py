@@ -99,7 +99,7 @@ class Explorer:
     def _ready(self, path: Path, kind: str) -> tuple[list[Table], str]:
         """The result's profiled tables if they exist, else none and what is happening (being prepared,
         N s so far; or why there are none)."""
-        ready = query.tables_now(path, kind, self.namespace)
+        ready = query.tables_now(path, kind, self.namespace, wanted=True)
         return (ready, "") if isinstance(ready, list) else ([], ready)
 
     def _catalog(self, path: Path, kind: str) -> tuple[list[Table], list[str]]:

@@ -47,7 +47,7 @@ from anyio import NoEventLoopError
 
 import plugins.offload.table_json as table_json
 from gateway.args import ToolInputError
-from gateway.services import shares
+from gateway.services import activity, shares
 from gateway.services.files import (
     VersionedCache,
     atomic_write,
@@ -69,7 +69,8 @@ MEMORY_LIMIT = "256MB"  # a query's working memory; beyond it DuckDB spills to d
 TEMP_LIMIT = "1GB"  # ...at most this much, into a folder of the query's own, removed when it ends
 ADDRESS_SPACE = 2 * 1024**3  # what a worker process may map in all (DuckDB's chunks of rows included)
 BUILD_SECONDS = 120.0  # a conversion taking longer is stopped (slices and search still answer)
-PROFILE_AFTER = 0.3  # seconds between a background conversion's tables and its column profiles
+PROFILE_AFTER = 0.3  # seconds at least between a background conversion's tables and its column profiles...
+PROFILE_PAUSE_AT_MOST = 30.0  # ...which then wait for a pause between the host's calls at most this long
 BUILD_MEMORY_LIMIT = "48MB"  # a conversion's working memory (its worker peaks near 90 MB for 68 MB of JSON)...
 BUILD_MEMORY_CEILING = "256MB"  # ...raised once to this for a statement needing more (long records, wide rows)
 SLICE_SECONDS = 20.0  # a JSONPath over a large result
@@ -82,6 +83,7 @@ _TABLES: VersionedCache[list[Table]] = VersionedCache(max_items=32)  # profiled
 _LOADED: VersionedCache[list[Table]] = VersionedCache(max_items=32)  # in the DuckDB file; profiles may follow
 _FAILED: VersionedCache[str] = VersionedCache(max_items=64)  # why a background conversion failed
 _PREPARING: dict[str, float] = {}  # results converting in the background: since when (monotonic)
+_PROFILES_WANTED: dict[str, threading.Event] = {}  # set when an outline asks: their profiles start at once
 _RUNNING: set[_Process] = set()
 _IDLE: dict[str, list[tuple[float, _Process]]] = {}  # warm workers per namespace, newest last
 _AHEAD: list[tuple[float, _Process]] = []  # a worker started before anyone needed it (`start_ahead`)
@@ -606,9 +608,12 @@ def _converting(namespace: str, request: dict[str, Any], answer: str, what: str)
             worker.end()
 
 
-def tables_now(result: Path, kind: str, namespace: str = "") -> list[Table] | str:
+def tables_now(result: Path, kind: str, namespace: str = "", wanted: bool = False) -> list[Table] | str:
     """The profiled tables if they are ready, else at once what is happening (the conversion is started
-    in the background if nothing runs it): an outline never waits for them."""
+    in the background if nothing runs it): an outline never waits for them. `wanted` (an outline asks):
+    a background conversion's profiles start now, without waiting for a pause between calls."""
+    if wanted and (asked := _PROFILES_WANTED.get(str(result))) is not None:
+        asked.set()
     if (ready := _TABLES.peek(result)) is not None:
         return ready
     if (saved := _saved_tables(result, profiled=True)) is not None:
@@ -725,16 +730,23 @@ def warm(result: Path, kind: str, namespace: str = "") -> threading.Thread:
         token = anyio.from_thread.run_sync(anyio.lowlevel.current_token)
     except NoEventLoopError:
         token = None
+    stops = _STOPS[0]
     with _RUNNING_LOCK:
         _PREPARING.setdefault(str(result), time.monotonic())
+        wanted = _PROFILES_WANTED.setdefault(str(result), threading.Event())
 
     def convert() -> None:
         _token.value = token
         try:
             loaded(result, kind, namespace)  # what a query needs
-            # the profiles a little later: the caller's first query, sent as the fileRef arrives, takes the
-            # warm worker (a fresh gateway may have only the one it started ahead; a spare is still starting)
-            time.sleep(PROFILE_AFTER)
+            # the profiles later: the caller's first query, sent as the fileRef arrives, takes the warm
+            # worker (a fresh gateway may have only the one it started ahead; a spare is still starting),
+            # and then in a pause between the host's calls (a profile costs about what the conversion
+            # did, and took a core from the next call's conversion), unless an outline asks for them
+            if not wanted.wait(PROFILE_AFTER):
+                activity.wait_for_pause(PROFILE_PAUSE_AT_MOST, stop=wanted)
+            if _STOPS[0] != stops:
+                return  # the gateway stopped meanwhile
             build(result, kind, namespace)
         except shares.Busy as exc:  # no place in time: the first query converts it
             log.debug("background conversion of %s not started: %s", result.name, exc)
@@ -747,6 +759,7 @@ def warm(result: Path, kind: str, namespace: str = "") -> threading.Thread:
         finally:
             with _RUNNING_LOCK:
                 _PREPARING.pop(str(result), None)
+                _PROFILES_WANTED.pop(str(result), None)
 
     thread = threading.Thread(target=convert, name=f"duckdb:{result.name}", daemon=True)
     thread.start()
