@@ -19,7 +19,7 @@ import plugins.offload.json_outline as json_outline
 from gateway.services.text import dumps
 from plugins.offload.json_file import children
 from plugins.offload.paths import Step, format_path
-from plugins.offload.table_jsonl import SMALL_LIMIT_BYTES, object_size
+from plugins.offload.table_jsonl import SMALL_LIMIT_BYTES, date_options, may_hold_dates, object_size
 from plugins.offload.tables import (
     MAIN,
     MAX_COLUMNS,
@@ -137,7 +137,7 @@ def _load_raw(
     span = _array_span(path, part.steps[0] if part.steps else None, part.root_keys)
     if span is None:
         return None
-    longest = _cut(path, span, scratch, stop, pieces)
+    longest, dates = _cut(path, span, scratch, stop, pieces)
     if not pieces:
         return None
     if part.rows * _nested_width(pieces[0]) > NESTED_CELLS:
@@ -146,7 +146,7 @@ def _load_raw(
     try:
         conn.execute(
             f"CREATE TABLE {quote(name)} AS SELECT * FROM read_json_auto(?, format='array', records=true, "
-            f"maximum_object_size={object_size(longest)}, sample_size=-1, union_by_name=true)",
+            f"maximum_object_size={object_size(longest)}, sample_size=-1, union_by_name=true{date_options(dates)})",
             [[str(p) for p in pieces]],
         )
     except duckdb.Error as exc:
@@ -217,19 +217,22 @@ def _pairs(text: bytes) -> list[tuple[str, Any]]:
     return pairs if isinstance(pairs, list) else []
 
 
-def _cut(path: Path, span: tuple[int, int], scratch: Path, stop: threading.Event, pieces: list[Path]) -> int:
+def _cut(
+    path: Path, span: tuple[int, int], scratch: Path, stop: threading.Event, pieces: list[Path]
+) -> tuple[int, bool]:
     """The records between the array's brackets written as arrays of about RAW_PIECE bytes (`scratch`
-    and numbered files beside it); the longest piece's size."""
+    and numbered files beside it); the longest piece's size, and whether a string may be a date."""
     start, end = span
-    longest = 0
+    longest, dates = 0, False
 
     def write(chunk: bytes) -> None:
-        nonlocal longest
+        nonlocal longest, dates
         if stop.is_set():
             raise Stopped
         pieces.append(scratch if not pieces else scratch.with_name(f"{scratch.name}.{len(pieces)}"))
         pieces[-1].write_bytes(b"[" + chunk + b"]")
         longest = max(longest, len(chunk))
+        dates = dates or may_hold_dates(chunk)  # whole records (else DuckDB refuses the piece)
 
     with open(path, "rb") as fh:
         fh.seek(start + 1)
@@ -257,7 +260,7 @@ def _cut(path: Path, span: tuple[int, int], scratch: Path, stop: threading.Event
                     searched, counted, depth, bias, resync = RAW_PIECE // 2, 0, 0, 0, 4 * RAW_PIECE
         if buf.strip():
             write(bytes(buf))
-    return longest
+    return longest, dates
 
 
 def _nesting(text: bytes | bytearray, start: int = 0, end: int | None = None) -> int:
@@ -281,7 +284,7 @@ def _load_rows(
     """The rows written as JSON Lines in pieces of PIECE_BYTES (`scratch` and numbered files beside it),
     then read by DuckDB as one list of files: its JSON reader holds about a file's size while it reads
     (70 MB for a 60 MB file, 41 MB for pieces of 2 MB)."""
-    longest, skipped, fields, size, rows = 0, 0, set(), 0, 0
+    longest, skipped, fields, size, rows, dates = 0, 0, set(), 0, 0, False
     nested: set[str] = set()
     pieces.append(scratch)
     fh = open(scratch, "wb")  # noqa: SIM115 - closed below, or replaced by the next piece
@@ -301,6 +304,7 @@ def _load_rows(
             rows += 1
             line = dumps(row).encode() + b"\n"
             longest = max(longest, len(line))
+            dates = dates or may_hold_dates(line)
             if size >= PIECE_BYTES:  # bytes counted here: a text file's tell() costs more than the row
                 if stop.is_set():
                     raise Stopped
@@ -329,7 +333,7 @@ def _load_rows(
         return table
     conn.execute(
         f"CREATE TABLE {quote(name)} AS SELECT * FROM read_json_auto(?, format='newline_delimited', "
-        f"maximum_object_size={object_size(4 * longest)}, sample_size=-1, union_by_name=true)",
+        f"maximum_object_size={object_size(4 * longest)}, sample_size=-1, union_by_name=true{date_options(dates)})",
         [files],
     )
     untangle(conn, table)

@@ -324,3 +324,58 @@ def test_a_large_tables_distinct_count_is_marked_approximate_and_capped(monkeypa
         cols = {c["name"]: c for c in tables.profile(conn, tables.Table("t", "test")).columns}
     assert cols["name"]["distinct"] <= 7910 and "HyperLogLog" in cols["name"]["distinctApprox"]
     assert cols["team"]["distinctApprox"] and "unique" not in cols["name"]
+
+
+def _json_dates_typed(values: list[str], ensure_ascii: bool, folder: Path) -> list[tuple[str, str]]:
+    """(value, type) of each value DuckDB's JSON detection types as something other than text."""
+    typed = []
+    for start in range(0, len(values), 100):  # up to 100 columns a file (more would be typed a MAP)
+        chunk = values[start : start + 100]
+        row = json.dumps({f"c{i}": v for i, v in enumerate(chunk)}, ensure_ascii=ensure_ascii)
+        (folder / "t.jsonl").write_text(row + "\n" + row + "\n")
+        described = duckdb.sql(
+            f"DESCRIBE SELECT * FROM read_json_auto('{folder / 't.jsonl'}', format='newline_delimited', sample_size=-1)"
+        ).fetchall()
+        typed += [(v, str(d[1])) for v, d in zip(chunk, described, strict=True) if str(d[1]) != "VARCHAR"]
+    return typed
+
+
+def _date_like_values() -> list[str]:
+    """Dates and times in many formats, with white space, signs and other characters before them."""
+    import datetime
+
+    moment = datetime.datetime(2021, 3, 7, 14, 5, 9, 123456)
+    rng = random.Random(5)
+    parts, seps = ["%Y", "%y", "%m", "%d", "%H", "%I", "%M", "%S", "%f", "%p", "%b", "%B", "%j", "%z"], "-/ :.T"
+    formats = {"".join(rng.choice(parts) + rng.choice(seps) for _ in range(rng.randint(1, 6))) for _ in range(400)}
+    values = sorted({moment.strftime(f).strip() for f in formats} | set(TRICKY) | {"14:05:09", "-infinity "})
+    leads = ["", " ", "\t", "\n", "\v", "\f", "\r", "-", "+", "x", "\u00a0", "\x00"]
+    return [lead + v for v in values for lead in leads]
+
+
+@pytest.mark.parametrize("ensure_ascii", [False, True])
+def test_no_string_duckdb_types_a_date_passes_the_json_date_guard(tmp_path: Path, ensure_ascii: bool) -> None:
+    """Where the guard says no string may be a date, one fixed format detects the same types: so each
+    value DuckDB's detection types a date, time or timestamp must be caught by it, however escaped."""
+    from plugins.offload.table_jsonl import may_hold_dates
+
+    typed = _json_dates_typed(_date_like_values(), ensure_ascii, tmp_path)
+    assert len(typed) > 50  # the values do hold what DuckDB types as dates
+    missed = [(v, t) for v, t in typed if not may_hold_dates(json.dumps({"c": v}, ensure_ascii=ensure_ascii).encode())]
+    assert not missed
+
+
+def test_the_json_date_guard_reads_strings_not_what_is_inside_them(tmp_path: Path) -> None:
+    from plugins.offload.table_jsonl import longest_line, may_hold_dates
+
+    assert not may_hold_dates(b'{"a":"say \\"2021-01-01\\"","items":[1,2],"e":"exit"}')  # quoted inside a string
+    assert may_hold_dates(b'{"a":"\\\\","b":"2021-01-01"}')  # after an escaped backslash a string starts
+    assert may_hold_dates(b'{"a":" \\u000b2021-01-01"}') and may_hold_dates(b'{"2021":1}')  # escapes; a key
+    # a string that starts at the end of a 1 MB block, its white space or its date in the next
+    for gap in (1, 40, 200):
+        head = b'{"pad":"' + b"x" * ((1 << 20) - 10 - gap) + b'","d":"'
+        path = tmp_path / "t.jsonl"
+        path.write_bytes(head + b" " * gap + b'2021-01-01"}\n{"pad":"y","d":"z"}\n')
+        assert longest_line(path)[1], gap
+    path.write_bytes(b'{"pad":"' + b"x" * (1 << 21) + b'","d":"y"}\n')
+    assert longest_line(path) == ((1 << 21) + 18, False)
