@@ -284,6 +284,8 @@ def _load_rows(
     """The rows written as JSON Lines in pieces of PIECE_BYTES (`scratch` and numbered files beside it),
     then read by DuckDB as one list of files: its JSON reader holds about a file's size while it reads
     (70 MB for a 60 MB file, 41 MB for pieces of 2 MB)."""
+    import duckdb
+
     longest, skipped, fields, size, rows, dates = 0, 0, set(), 0, 0, False
     nested: set[str] = set()
     pieces.append(scratch)
@@ -320,22 +322,37 @@ def _load_rows(
     table = Table(name, format_path(steps))
     if longest > LONG_ROW or len(fields) > WIDE_ROW or rows * len(nested) > NESTED_CELLS:
         start_larger(conn)
-    if len(fields) > MAX_COLUMNS:  # a wide, sparse part: one JSON value a row, not a column a key
+
+    def one_json_column(why: str) -> Table:
+        """A wide or sparse part: one JSON value a row, not a column a key."""
         conn.execute(
             f"CREATE TABLE {quote(name)} AS SELECT json FROM read_json_objects(?, format='newline_delimited', "
             f"maximum_object_size={object_size(4 * longest)})",
             [files],
         )
         table.notes.append(
-            f"more than {MAX_COLUMNS} different keys: one row per {'item' if is_array else 'entry'} in column "
-            f"json (JSON); read fields with json->>'$.name'" + ("" if is_array else f", the key with json->>'$.{_KEY}'")
+            f"{why}: one row per {'item' if is_array else 'entry'} in column json (JSON); read fields with "
+            f"json->>'$.name'" + ("" if is_array else f", the key with json->>'$.{_KEY}'")
         )
         return table
-    conn.execute(
-        f"CREATE TABLE {quote(name)} AS SELECT * FROM read_json_auto(?, format='newline_delimited', "
-        f"maximum_object_size={object_size(4 * longest)}, sample_size=-1, union_by_name=true{date_options(dates)})",
-        [files],
-    )
+
+    if len(fields) > MAX_COLUMNS:
+        return one_json_column(f"more than {MAX_COLUMNS} different keys")
+    try:
+        conn.execute(
+            f"CREATE TABLE {quote(name)} AS SELECT * FROM read_json_auto(?, format='newline_delimited', "
+            f"maximum_object_size={object_size(4 * longest)}, sample_size=-1, union_by_name=true{date_options(dates)})",
+            [files],
+        )
+    except duckdb.NotImplementedException as exc:
+        if "Duplicate name" not in str(exc):
+            raise
+        # keys that differ only in case (`message` beside `Message`): DuckDB's columns and fields cannot
+        return one_json_column("keys that differ only in case")
+    if not is_array and _KEY not in {row[0] for row in conn.execute(f"DESCRIBE {quote(name)}").fetchall()}:
+        # each key in few entries (a package.json's root): DuckDB reads such rows as one map, not columns
+        conn.execute(f"DROP TABLE {quote(name)}")
+        return one_json_column("entries too unlike for columns")
     untangle(conn, table)
     if not is_array:
         key_column = unique_column("key", [f for f in fields if f != _KEY])

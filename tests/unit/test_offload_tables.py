@@ -244,6 +244,34 @@ def test_mixed_types_become_text_and_nothing_tabular_still_has_doc(tmp_path: Pat
     assert _sql(flat, "SELECT json_array_length(json, '$.nested.deep') FROM doc") == [(3,)]
 
 
+def test_a_map_whose_entries_are_unlike_or_differ_in_case_still_has_tables(tmp_path: Path) -> None:
+    """A package.json's root (each key in one entry: DuckDB reads such rows as one map) and entries whose
+    fields differ only in case (DuckDB's columns cannot): their table is one JSON value a row, and the
+    other tables stand. Before, the whole conversion failed (no table at all, `doc` neither)."""
+    package = {
+        "name": "hono",
+        "version": "4.6.0",
+        "scripts": {f"build:{i}": f"tsx build {i}" for i in range(25)},
+        "exports": {f"./sub{i}": {"import": f"./dist/sub{i}.js", "types": f"./dist/sub{i}.d.ts"} for i in range(40)},
+        "devDependencies": {f"dep{i}": f"^{i}.0.0" for i in range(22)},
+        "keywords": ["web", "framework"],
+        **{f"field{i}": f"value {i}" for i in range(14)},
+    }
+    path = tmp_path / "package.json"
+    path.write_text(json.dumps(package))
+    tables = _tables(path, "json")
+    assert {"items", "doc"} <= set(tables)
+    assert _sql(path, "SELECT json->>'$.value' FROM items WHERE json->>'$.__ctx_entry_key__' = 'version'") == [
+        ("4.6.0",)
+    ]
+    cases = {f"Op{i}": {"members": {"message": "a", **({"Message": "b"} if i == 3 else {})}} for i in range(30)}
+    mixed = tmp_path / "cases.json"
+    mixed.write_text(json.dumps({"shapes": cases, "list": [{"id": i} for i in range(3)]}))
+    tables = _tables(mixed, "json")
+    assert {"items", "list", "doc"} <= set(tables) and "differ only in case" in " ".join(tables["items"].notes)
+    assert _sql(mixed, "SELECT count(*) FROM items")[0][0] == 30
+
+
 @pytest.mark.parametrize("small", [True, False])
 def test_outline_paths_with_odd_keys(tmp_path: Path, small: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     if not small:  # the streamed walk must see the same parts as the in-memory one
