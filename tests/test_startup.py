@@ -183,6 +183,26 @@ def test_serve_starts_the_sql_worker_beside_its_imports(tmp_path: Path, disabled
     assert _spied(EARLY_SPY, config) == expected
 
 
+HEAP_SPY = """
+import gc, json, os, sys
+import gateway.services.heap as heap
+froze = heap.started
+def reporting():
+    froze()
+    print(json.dumps({"frozen": gc.get_freeze_count() > 50_000, "left": len(gc.get_objects()) < 20_000}), flush=True)
+    os._exit(0)
+heap.started = reporting
+from gateway.cli import main
+main(["serve", "--config", sys.argv[1]])
+"""
+
+
+def test_serve_puts_what_its_imports_made_out_of_the_collectors_sight(tmp_path: Path) -> None:
+    """Before the first call: the first large results' passes walked every object of the imports."""
+    config = write_config(tmp_path, {"p": probe("p")}, plugins=None)
+    assert _spied(HEAP_SPY, config) == {"frozen": True, "left": True}
+
+
 def test_a_gateway_that_fails_to_start_leaves_no_worker_folder(tmp_path: Path) -> None:
     """`serve` starts the SQL worker before the plugins are configured; a start that fails there (a key
     offload does not know) never stops the plugins: its exit ends the worker and removes its folder."""

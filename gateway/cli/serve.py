@@ -46,6 +46,7 @@ def cmd_serve(settings: Settings, reload: Callable[[], Settings] | None = None) 
 async def _serve(settings: Settings, reload: Callable[[], Settings] | None) -> None:
     from gateway import early
     from gateway.proxy.upstream_spawn import prestart
+    from gateway.services import heap
 
     started = await prestart(settings.enabled_servers, settings.gateway.logs_dir)
     early.start(settings.gateway.plugins, settings.gateway.disabled_plugins)  # beside the imports below
@@ -57,6 +58,7 @@ async def _serve(settings: Settings, reload: Callable[[], Settings] | None) -> N
         ignore_sdk_deprecations()
         check_sdk_version()
         gateway = Gateway(settings, started=started)
+        heap.started()
     except BaseException:  # no upstream took its process: stop them here
         with anyio.CancelScope(shield=True):
             async with anyio.create_task_group() as tg:
