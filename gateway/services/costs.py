@@ -87,16 +87,21 @@ def _text_cost(text: str) -> tuple[int, int]:
 def tokens_over(result: types.CallToolResult, limit: int) -> bool:
     """Whether the result surely costs more than `limit` tokens, told from a prefix of its longest text
     block in memory: counting a 341 KB log whole took ~0.1 s with the real tokenizers, its first 40 KB
-    tell the same. Only where the whole is counted the same way, exactly, with the real tokenizers: the
-    built-in estimate rates a prefix by its own kind of text, and a text above `SAMPLE_ABOVE` is
-    estimated from slices (a review built texts whose prefix cost more than either made of the whole).
-    False when the prefix does not tell (a short text, one of long runs): the whole count decides then."""
+    tell the same. With the real tokenizers, the prefix's count (the cut may add a few tokens); with
+    the built-in rates, the least they give any text that begins so (`TokenEstimator.at_least`: the
+    prefix's own rate may be above the whole's, as a review showed). Not above `SAMPLE_ABOVE`, where
+    the whole is estimated from slices. False when the prefix does not tell (a short text, one of long
+    runs): the whole count decides then."""
     texts = [b.text for b in result.content if isinstance(b, types.TextContent) and spill.of(b.text) is None]
-    if not texts or not ESTIMATOR.counting_exactly():
+    if not texts:
         return False
     text = max(texts, key=len)
     cut = (limit + CUT_SLACK) * PREFIX_CHARS
-    return 2 * cut < len(text) <= SAMPLE_ABOVE and estimate_tokens(text[:cut]) > limit + CUT_SLACK
+    if not 2 * cut < len(text) <= SAMPLE_ABOVE:
+        return False
+    if ESTIMATOR.counting_exactly():
+        return estimate_tokens(text[:cut]) > limit + CUT_SLACK
+    return ESTIMATOR.at_least(text[:cut]) > limit
 
 
 def _text_size(text: str) -> int:

@@ -195,6 +195,17 @@ class TokenEstimator:
                 self._remembered.popitem(last=False)
         return tokens
 
+    def at_least(self, prefix: str) -> int:
+        """Tokens the built-in rates give, at the least, any text (of up to `SAMPLE_ABOVE` characters) that
+        begins with `prefix`: every feature count of a text is at least its prefix's (runs cut at the end
+        count less, never more), every rate is positive, and whatever the whole text's kind, its estimate
+        is at least the lowest kind's (for `auto`, the calibration-shaped term it never goes below)."""
+        counts = _counts(prefix)
+        if self.family != "auto":
+            return int(min(sum(map(mul, vector, counts)) for vector in _VECTORS[self.family].values()))
+        scale = min(1.0, *self._scales.values())
+        return int(CALIBRATION_MARGIN * sum(map(mul, CALIBRATION_RATES, counts)) * scale)
+
     def _way(self) -> tuple[Any, ...]:
         """How texts are counted now: a count made another way is not reused."""
         exact = self.exact and tokenizers.ready(self._exact_families) is not None

@@ -55,9 +55,9 @@ def test_audio_costs_its_duration() -> None:
 
 def test_a_prefix_over_the_token_limit_tells_the_whole_is_over(monkeypatch) -> None:
     """`tokens_over` decides from a prefix only when it is sure: whenever it says so, the whole result
-    costs more than the limit; a short text or one of long runs is left to the whole count, and so is
-    any text while the real tokenizers do not count it (the built-in estimate rates a prefix by its own
-    kind of text) or when the whole is estimated from slices."""
+    costs more than the limit, with the real tokenizers and with the built-in rates (their floor for the
+    prefix: they rate a prefix by its own kind of text); a short text or one of long runs is left to the
+    whole count, and so is a text whose whole is estimated from slices."""
     import json
     import random
 
@@ -83,17 +83,18 @@ def test_a_prefix_over_the_token_limit_tells_the_whole_is_over(monkeypatch) -> N
         ),
         "short": "a few words",
     }
-    told = 0
-    for name, body in kinds.items():
-        for limit in (100, 1000, 4000, 20_000):
-            result = types.CallToolResult(content=[text(body)], structured_content={"content": body})
-            if tokens_over(result, limit):
-                told += 1
-                assert result_cost(result).tokens > limit, (name, limit)
-    assert told >= 10  # it does tell, for most long texts
+    for estimator in (exact, tokens.TokenEstimator(exact=False)):
+        monkeypatch.setattr(tokens, "ESTIMATOR", estimator)
+        monkeypatch.setattr(costs, "ESTIMATOR", estimator)
+        told = 0
+        for name, body in kinds.items():
+            for limit in (100, 1000, 4000, 20_000):
+                result = types.CallToolResult(content=[text(body)], structured_content={"content": body})
+                if tokens_over(result, limit):
+                    told += 1
+                    assert result_cost(result).tokens > limit, (name, limit, estimator.exact)
+        assert told >= 10  # it does tell, for most long texts
     assert not tokens_over(types.CallToolResult(content=[text("a few words")]), 1)
     assert tokens_over(types.CallToolResult(content=[text(log)]), 4000)
     sampled = "가" * 40_000 + " " * tokens.SAMPLE_ABOVE  # its whole is estimated from slices that may miss the start
     assert not tokens_over(types.CallToolResult(content=[text(sampled)]), 4000)
-    monkeypatch.setattr(exact, "counting_exactly", lambda: False)
-    assert not tokens_over(types.CallToolResult(content=[text(log)]), 4000)

@@ -107,3 +107,34 @@ def test_a_count_taken_while_the_way_of_counting_changed_is_not_remembered(monke
     monkeypatch.setattr(estimator, "_estimate", real)
     estimator.set_scales(dict.fromkeys(tk.KINDS, 1.0))  # back as it was: the count must be too
     assert estimator.estimate(text) == true_count
+
+
+def test_no_text_is_estimated_below_what_its_prefix_promises() -> None:
+    """`at_least(prefix)` is a floor for every text that begins with it, whatever its kind turns out to
+    be: offload decides from it that a result is over its token limit without counting it whole."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    import token_corpus
+
+    rng = random.Random(11)
+    texts = [
+        t
+        for kind in ("english", "python_source", "json_pretty", "korean", "opaque", "numeric")
+        for t in getattr(token_corpus, kind)(20)
+    ]
+    texts += [
+        "".join(
+            rng.choice(["word ", "Ab", "12", "  ", "\t", "{}", "가나", "漢", "😀", "x" * 20, "\n"]) for _ in range(2000)
+        )
+        for _ in range(20)
+    ]
+    texts += [a + b for a, b in zip(texts, reversed(texts), strict=True)]  # a prefix of one kind, the rest of another
+    estimators = [tk.TokenEstimator(family, exact=False) for family in tk.TOKENIZERS]
+    calibrated = tk.TokenEstimator(exact=False)
+    calibrated.set_scales({"prose": 1.3, "code": 0.8, "json": 1.0, "cjk": 1.1})
+    for text in texts:
+        for cut in sorted({len(text) // 7, len(text) // 3, len(text) // 2, len(text) - 1, len(text)}):
+            for estimator in [*estimators, calibrated]:
+                assert estimator.at_least(text[:cut]) <= estimator.estimate(text), (estimator.family, cut, text[:60])
