@@ -262,9 +262,10 @@ def test_a_worker_keeps_no_database_open_that_a_query_left_large(explorer: tuple
         time.sleep(0.05)
 
 
-def test_a_result_holding_anothers_bytes_is_queried_under_its_own_name(tmp_path: Path) -> None:
-    """Two results with the same bytes share one DuckDB file (a link); each query still reads it under
-    its own result's name, whichever worker kept the other open."""
+def test_a_result_holding_anothers_bytes_finds_its_database_open_under_a_neutral_name(tmp_path: Path) -> None:
+    """Two results with the same bytes share one DuckDB file (a link): the second's query finds the file
+    the first's left open (no new database: ~15 ms), and every result's database is named `result`, so
+    no query sees another result's name; no link made for the open is left."""
     store = ResponseStore(tmp_path)
     text = json.dumps([{"id": i} for i in range(10)])
     first, again = store.save_text("t", text, "json"), store.save_text("t", text, "json")
@@ -274,7 +275,23 @@ def test_a_result_holding_anothers_bytes_is_queried_under_its_own_name(tmp_path:
         with query.execute(saved.path, "json", "SELECT current_database()") as (_, rows):
             [row] = list(rows)  # read to the end: the worker stays warm
             names.append(row[0])
-    assert names[0] != names[1] and names[0] in first.path.name and names[1] in again.path.name
+    assert names == ["result", "result"]
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".result.")]
+
+    kept, duckdb = sql_worker._Kept(), __import__("duckdb")
+    request = {"threads": 1, "memory": "64MB", "temp": "64MB"}
+    _, closing = kept.cursor({**request, "db": str(query.db_path(first.path))}, duckdb)
+    opened = kept.conn
+    assert closing is None and opened is not None
+    _, closing = kept.cursor({**request, "db": str(query.db_path(again.path))}, duckdb)
+    assert closing is None and kept.conn is opened  # the twin: the same database, still open
+    rebuilt = query.db_path(again.path)
+    copy = rebuilt.with_name(rebuilt.name + ".copy")
+    copy.write_bytes(rebuilt.read_bytes())
+    copy.replace(rebuilt)  # built again: another file at the same path
+    _, closing = kept.cursor({**request, "db": str(rebuilt)}, duckdb)
+    assert kept.conn is not opened
+    kept.close()
 
 
 def test_a_worker_started_ahead_while_the_gateway_stops_is_ended(monkeypatch: pytest.MonkeyPatch) -> None:
