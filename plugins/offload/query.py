@@ -624,7 +624,7 @@ def tables_now(result: Path, kind: str, namespace: str = "", wanted: bool = Fals
     with _RUNNING_LOCK:
         since = _PREPARING.get(str(result))
     if since is None:
-        warm(result, kind, namespace)
+        warm(result, kind, namespace, profiles_now=wanted)
         since = time.monotonic()
     so_far = f"{time.monotonic() - since:.0f} s so far"
     if (made := _LOADED.peek(result)) is not None:
@@ -721,7 +721,7 @@ class _Token(threading.local):
 _token = _Token()
 
 
-def warm(result: Path, kind: str, namespace: str = "") -> threading.Thread:
+def warm(result: Path, kind: str, namespace: str = "", profiles_now: bool = False) -> threading.Thread:
     """Convert a result in the background right after the offload, so the first query finds it ready
     (a query that comes meanwhile waits for this conversion instead of starting another). It runs
     within the share of the namespace that owns the result: a caller busy with its own queries gets its
@@ -734,6 +734,8 @@ def warm(result: Path, kind: str, namespace: str = "") -> threading.Thread:
     with _RUNNING_LOCK:
         _PREPARING.setdefault(str(result), time.monotonic())
         wanted = _PROFILES_WANTED.setdefault(str(result), threading.Event())
+    if profiles_now:  # an outline asked: no pause to wait for
+        wanted.set()
 
     def convert() -> None:
         _token.value = token

@@ -925,3 +925,17 @@ def test_an_outline_that_asks_gets_the_profiles_without_a_pause(tmp_path: Path) 
         outline = Explorer(store).outline(Args({"path": saved.id}, "t"), 2000)
         assert [t["table"] for t in outline["tables"]] == ["items", "doc"]
     converting.join(30)
+
+
+def test_a_gateway_started_anew_gets_the_profiles_its_first_outline_asks_for(tmp_path: Path) -> None:
+    """A gateway per task: the tables were made by an earlier one (no profiles: it ended first); the new
+    one's first outline starts the profiles at once, though the host's calls keep coming."""
+    store = ResponseStore(tmp_path)
+    saved = store.save_text("t", json.dumps([{"id": i, "city": "Seoul"} for i in range(500)]), "json")
+    query.loaded(saved.path, "json", "erin")
+    for cache in (query._LOADED, query._TABLES):  # what a process that just started knows
+        cache.clear()
+    with _CallsEvery():
+        outline = Explorer(store).outline(Args({"path": saved.id}, "t"), 2000)
+        assert isinstance(outline["tables"], str)  # being prepared: not there yet
+        assert _profiled_within(saved.path, 10)
