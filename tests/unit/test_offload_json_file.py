@@ -82,3 +82,27 @@ def test_two_callers_never_share_a_parsed_value(tmp_path: Path) -> None:
     second.write_text(text)
     assert json_file.parsed(first) is not json_file.parsed(second)
     assert json_file.parsed(first) == json_file.parsed(second)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"a": 1, "a": 2, "big": 123456789012345678901234567890, "f": [-0, -0.0, 1E2, 1e-7], "z": "\\u0000"}',
+        '{"n": NaN, "i": Infinity, "huge": 1e400}',  # not JSON, but the standard library reads them
+        '["\\ud800", "서울", "😀"]',  # a lone surrogate's escape
+        "  [1, {}, [], null, true]  ",
+    ],
+)
+def test_a_small_file_reads_as_the_standard_library_reads_it(tmp_path: Path, text: str) -> None:
+    """Read with msgspec where it can (2.5-3x faster), with the standard library where it refuses."""
+    path = tmp_path / "r.json"
+    path.write_text(text, encoding="utf-8")
+    expected = json.loads(text)
+    assert json.dumps(json_file.parsed(path)) == json.dumps(expected)
+
+
+def test_a_file_that_is_not_json_still_says_where(tmp_path: Path) -> None:
+    path = tmp_path / "r.json"
+    path.write_bytes(b'{"a": 1}\n{"b": 2}')
+    with pytest.raises(json_file.BrokenJSON, match="line 2, column 1"):
+        json_file.parsed(path)
