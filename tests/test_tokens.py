@@ -123,6 +123,32 @@ print(during, round(time.monotonic() - stopped, 2))
     assert float(after) >= 0.4  # a pause of QUIET_SECONDS first
 
 
+def test_a_caller_that_needs_exact_counts_now_does_not_wait_for_a_pause() -> None:
+    """A document's ingest loads the tokenizers before it counts; the background loader had claimed them
+    and waits for a pause that calls every 0.1 s never give: the ingest's load goes ahead at once."""
+    script = """
+import threading, time
+from gateway.services import activity, tokens, tokenizers
+tokenizers.LOAD_DELAY = 0.0
+def calls():
+    while True:
+        activity.call_started()
+        time.sleep(0.1)
+threading.Thread(target=calls, daemon=True).start()
+est = tokens.TokenEstimator("auto")
+est.estimate("The gateway keeps oversized results out of the window. " * 40)  # the background claims them
+time.sleep(0.5)
+began = time.monotonic()
+print(est.load_exact(), round(time.monotonic() - began, 1))
+"""
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    loaded, seconds = out.stdout.split()
+    assert loaded == "True" and float(seconds) < 20  # 60 s and False before
+
+
 @pytest.mark.anyio
 async def test_a_gateway_process_counts_with_the_real_tokenizers_after_its_first_long_result(tmp_path: Path) -> None:
     """Two gateways as a host starts them, side by side: with the default settings the first long result

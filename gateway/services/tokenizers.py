@@ -28,6 +28,7 @@ PAUSE_AT_MOST = 30.0  # seconds a family waits for a pause between calls before 
 
 _lock = threading.Lock()
 _ready: dict[str, Counter] = {}
+_hurry = threading.Event()  # a caller needs them now (`load`): the background loader waits no longer
 _tried: dict[str, threading.Event] = {}  # set once a family's load ended, loaded or not (never retried)
 
 
@@ -84,8 +85,8 @@ def _safe(count: Counter) -> Counter:
 def _load(families: Sequence[str], in_pauses: bool = False) -> None:
     for family in families:
         try:
-            if in_pauses:
-                activity.wait_for_pause(PAUSE_AT_MOST)
+            if in_pauses and not _hurry.is_set():
+                activity.wait_for_pause(PAUSE_AT_MOST, stop=_hurry)
             counter = _open(family)
             counter("warm up")  # the first call builds the native side's caches
             with _lock:
@@ -122,7 +123,8 @@ def ready(families: Sequence[str], start: bool = False) -> list[Counter] | None:
 
 def load(families: Sequence[str], timeout: float = 30.0) -> list[Counter] | None:
     """Load `families` now and wait for them (commands and benches, which count before they answer);
-    None if one cannot load."""
+    None if one cannot load. Families the background loader claimed load now, not in a pause."""
+    _hurry.set()
     _load(_claim(families))
     for family in families:
         _tried[family].wait(timeout)

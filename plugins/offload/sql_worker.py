@@ -285,14 +285,13 @@ class _Kept:
             key: tuple[Any, ...] | None = (*_identity(request["db"]), *settings)
         except OSError:  # gone: DuckDB's own error says so, and the parent builds it again
             key = None
-        if key is not None and self.key == key:
+        path = Path(request["db"])
+        # a file opened under its own name (no links there) is kept under its path too
+        if key is not None and self.key in (key, (str(path), *key)):
             return self.conn.cursor(), None
         self.close()
         self.opened += 1
-        path = Path(request["db"])
-        link = temp_beside(
-            path.with_name("result"), f"duckdb.{self.opened}"
-        )  # `.result.duckdb.<n>.<writer>.<thread>.tmp`
+        link = _link_name(path, self.opened)
         try:
             os.link(path, link)
             key = (*_identity(link), *settings)  # what is opened: the file may have been replaced since
@@ -334,6 +333,18 @@ class _Kept:
         if self.conn is not None:
             self.conn.close()
         self.key = self.conn = None
+
+
+def _link_name(db: Path, opened: int) -> Path:
+    """Where the link that opens `db` as `result` goes: in this process's own folder when it is on the
+    same file system (the parent removes that folder with the process, so a worker killed while it
+    opens leaves nothing), else beside the file under a temp name the start-up sweep knows."""
+    try:
+        if _TEMP and os.stat(_TEMP).st_dev == os.stat(db).st_dev:
+            return Path(_TEMP) / f"result.{opened}.duckdb"
+    except OSError:
+        pass
+    return temp_beside(db.with_name("result"), f"duckdb.{opened}")  # `.result.duckdb.<n>.<writer>.<thread>.tmp`
 
 
 def _identity(path: str | Path) -> tuple[int, ...]:

@@ -45,7 +45,9 @@ _QUOTE_LED = re.compile(rb'"[\t\n\v\f\r ]*(?:[-0-9eEiI\\]|\Z)')
 _DATE_LED = re.compile(
     rb'"(?:[\t\n\v\f\r ]|\\[tnrf])*(?:-?(?:[0-9]|(?i:epoch|infinity))|[^"\\]{0,9}\\u00)'
 )  # an escape of an ASCII character within its first characters may be a digit or a space
+_LEAD = re.compile(rb'"(?:[\t\n\v\f\r ]|\\[tnrf])*')  # a string's opening quote and its white space
 _DATE_REACH = 64  # bytes of a block carried into the next: a string's start that may be a date fits
+_UNSURE_END = 16  # a string's white space that ends this close to the end of a block may lead to a date
 FIXED_DATES = ", dateformat='%Y-%m-%d', timestampformat='%Y-%m-%dT%H:%M:%S'"
 
 
@@ -60,7 +62,11 @@ def may_hold_dates(data: bytes) -> bool:
             slash -= 1
         if slash == 0 and at:  # its escapes run past the start of `data`: unknown, so maybe
             return True
-        if (at - slash) % 2 == 0 and _DATE_LED.match(data, at):
+        if (at - slash) % 2 == 0 and (
+            _DATE_LED.match(data, at)
+            # its white space runs on past what the next block carries of this one: decided there no more
+            or (at < len(data) - _DATE_REACH and _LEAD.match(data, at).end() > len(data) - _UNSURE_END)  # type: ignore[union-attr]
+        ):
             return True
     return False
 

@@ -939,3 +939,41 @@ def test_a_gateway_started_anew_gets_the_profiles_its_first_outline_asks_for(tmp
         outline = Explorer(store).outline(Args({"path": saved.id}, "t"), 2000)
         assert isinstance(outline["tables"], str)  # being prepared: not there yet
         assert _profiled_within(saved.path, 10)
+
+
+def test_a_database_kept_open_where_no_links_can_be_made(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file system without hard links: the file is opened under its own name, and kept by its path."""
+    store = ResponseStore(tmp_path)
+    saved = store.save_text("t", json.dumps([{"id": i} for i in range(10)]), "json")
+    query.loaded(saved.path, "json")
+
+    def no_links(*_: Any) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(sql_worker.os, "link", no_links)
+    kept, duckdb = sql_worker._Kept(), __import__("duckdb")
+    request = {"threads": 1, "memory": "64MB", "temp": "64MB", "db": str(query.db_path(saved.path))}
+    kept.cursor(request, duckdb)
+    opened = kept.conn
+    _, closing = kept.cursor(request, duckdb)
+    assert closing is None and kept.conn is opened is not None
+    kept.close()
+
+
+def test_the_link_that_opens_a_database_goes_in_the_workers_own_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its parent removes that folder with the worker: one killed while it opens leaves no link."""
+    store = ResponseStore(tmp_path / "responses")
+    saved = store.save_text("t", json.dumps([{"id": i} for i in range(10)]), "json")
+    query.loaded(saved.path, "json")
+    own = tmp_path / "worker"
+    own.mkdir()
+    monkeypatch.setattr(sql_worker, "_TEMP", str(own))
+    db = query.db_path(saved.path)
+    assert sql_worker._link_name(db, 1).parent == own
+    kept = sql_worker._Kept()
+    cursor, _ = kept.cursor({"threads": 1, "memory": "64MB", "temp": "64MB", "db": str(db)}, __import__("duckdb"))
+    assert cursor.execute("SELECT current_database()").fetchone() == ("result",)
+    assert not list(own.iterdir()) and db.stat().st_nlink == 1
+    kept.close()

@@ -405,5 +405,10 @@ def test_the_json_date_guard_reads_strings_not_what_is_inside_them(tmp_path: Pat
         path = tmp_path / "t.jsonl"
         path.write_bytes(head + b" " * gap + b'2021-01-01"}\n{"pad":"y","d":"z"}\n')
         assert longest_line(path)[1], gap
+    # a string that opens well before the end of a block, its escaped white space running into the next
+    for lead in (b"\\t" * 100, b"\\n" + b" " * 200, b"\\u0020" + b"\\t" * 60 + b"\\u0031"):
+        head = b'{"pad":"' + b"x" * ((1 << 20) - 100) + b'","d":"'
+        path.write_bytes(head + lead + b'2021-01-01"}\n{"pad":"y","d":"z"}\n')
+        assert longest_line(path)[1], lead[:8]
     path.write_bytes(b'{"pad":"' + b"x" * (1 << 21) + b'","d":"y"}\n')
     assert longest_line(path) == ((1 << 21) + 18, False)
