@@ -282,9 +282,10 @@ class _Kept:
         """A connection for the query, and the database to close after it (None when it is kept)."""
         settings = (request["threads"], request["memory"], request["temp"])
         try:  # a file built again tells by its inode
-            key: tuple[Any, ...] | None = (*_identity(request["db"]), *settings)
+            identity: tuple[int, ...] | None = _identity(request["db"])
         except OSError:  # gone: DuckDB's own error says so, and the parent builds it again
-            key = None
+            identity = None
+        key = None if identity is None else (*identity, *settings)
         path = Path(request["db"])
         # a file opened under its own name (no links there) is kept under its path too
         if key is not None and self.key in (key, (str(path), *key)):
@@ -294,7 +295,8 @@ class _Kept:
         link = _link_name(path, self.opened)
         try:
             os.link(path, link)
-            key = (*_identity(link), *settings)  # what is opened: the file may have been replaced since
+            identity = _identity(link)  # what is opened: the file may have been replaced since
+            key = (*identity, *settings)
         except OSError:  # no links on this file system (or the file is gone): its own name, kept per path
             link, key = None, None if key is None else (str(path), *key)
         try:
@@ -319,7 +321,7 @@ class _Kept:
         except BaseException:
             conn.close()
             raise
-        if key is None or key[-5] > KEEP_BYTES or not (resident := _resident()):  # key[-5]: the file's size
+        if key is None or identity is None or identity[2] > KEEP_BYTES or not (resident := _resident()):
             return cursor, conn
         self.key, self.conn, self.resident = key, conn, resident
         return cursor, None
@@ -348,6 +350,7 @@ def _link_name(db: Path, opened: int) -> Path:
 
 
 def _identity(path: str | Path) -> tuple[int, ...]:
+    """A file's device, inode, size and modification time."""
     st = os.stat(path)
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
