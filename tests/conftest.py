@@ -6,7 +6,8 @@ import json
 import os
 import socket
 import sys
-from collections.abc import AsyncIterator, Iterator
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,31 @@ def _real_tokenizers() -> None:
     from gateway.services.tokens import ESTIMATOR
 
     ESTIMATOR.load_exact()
+
+
+@pytest.fixture
+def host_calls() -> Iterator[Callable[[float], threading.Event]]:
+    """`start(every)`: a host starting a tool call every `every` seconds (what `activity` sees of its
+    calls, as every `ToolCall` tells it), from now until the event it returns is set or the test ends."""
+    from gateway.services import activity
+
+    stops: list[threading.Event] = []
+
+    def start(every: float = 0.1) -> threading.Event:
+        stop = threading.Event()
+        stops.append(stop)
+
+        def calls() -> None:
+            while not stop.wait(every):
+                activity.call_started()
+
+        activity.call_started()
+        threading.Thread(target=calls, name="host-calls", daemon=True).start()
+        return stop
+
+    yield start
+    for stop in stops:
+        stop.set()
 
 
 # the initialize params a hand-written raw host sends (tests that speak JSON-RPC lines themselves)

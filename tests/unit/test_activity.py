@@ -4,24 +4,13 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 from gateway.services import activity
 
 
-def _calls_every(seconds: float, until: threading.Event) -> threading.Thread:
-    def run() -> None:
-        while not until.wait(seconds):
-            activity.call_started()
-
-    activity.call_started()
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread
-
-
-def test_a_pause_comes_only_once_calls_stop_starting() -> None:
-    done = threading.Event()
-    _calls_every(0.05, done)
+def test_a_pause_comes_only_once_calls_stop_starting(host_calls: Any) -> None:
+    done = host_calls(0.05)
     threading.Timer(0.8, done.set).start()
     began = time.monotonic()
     assert activity.wait_for_pause(at_most=10)
@@ -29,27 +18,20 @@ def test_a_pause_comes_only_once_calls_stop_starting() -> None:
     assert done.is_set() and waited >= 0.8 + activity.QUIET_SECONDS - 0.1
 
 
-def test_calls_back_to_back_wait_at_most_as_long_as_asked() -> None:
-    done = threading.Event()
-    _calls_every(0.05, done)
-    try:
-        began = time.monotonic()
-        assert activity.wait_for_pause(at_most=0.7)  # the work runs anyway
-        assert 0.6 <= time.monotonic() - began < 5
-    finally:
-        done.set()
+def test_calls_back_to_back_wait_at_most_as_long_as_asked(host_calls: Any) -> None:
+    host_calls(0.05)
+    began = time.monotonic()
+    assert activity.wait_for_pause(at_most=0.7)  # the work runs anyway
+    assert 0.6 <= time.monotonic() - began < 5
 
 
-def test_a_stop_ends_the_wait() -> None:
-    done, stop = threading.Event(), threading.Event()
-    _calls_every(0.05, done)
-    try:
-        threading.Timer(0.2, stop.set).start()
-        began = time.monotonic()
-        assert not activity.wait_for_pause(at_most=10, stop=stop)
-        assert time.monotonic() - began < 5
-    finally:
-        done.set()
+def test_a_stop_ends_the_wait(host_calls: Any) -> None:
+    host_calls(0.05)
+    stop = threading.Event()
+    threading.Timer(0.2, stop.set).start()
+    began = time.monotonic()
+    assert not activity.wait_for_pause(at_most=10, stop=stop)
+    assert time.monotonic() - began < 5
 
 
 def test_a_call_records_when_it_started() -> None:

@@ -872,25 +872,6 @@ def test_a_worker_runs_at_its_gateways_priority_plus_nice(with_nice: bool) -> No
     assert out.stdout.strip() == str(min(19, 3 + sql_worker.NICE)), out.stderr
 
 
-class _CallsEvery:
-    """A host starting a call every 0.1 s (what `activity` sees of its calls), until the block ends."""
-
-    def __enter__(self) -> None:
-        from gateway.services import activity
-
-        self.done = threading.Event()
-
-        def calls() -> None:
-            while not self.done.wait(0.1):
-                activity.call_started()
-
-        activity.call_started()
-        threading.Thread(target=calls, daemon=True).start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.done.set()
-
-
 def _profiled_within(result: Path, seconds: float) -> bool:
     deadline = time.monotonic() + seconds
     while query._TABLES.peek(result) is None:
@@ -900,34 +881,35 @@ def _profiled_within(result: Path, seconds: float) -> bool:
     return True
 
 
-def test_a_background_conversions_profiles_wait_for_a_pause_between_calls(tmp_path: Path) -> None:
+def test_a_background_conversions_profiles_wait_for_a_pause_between_calls(tmp_path: Path, host_calls: Any) -> None:
     """The profiles cost about what the conversion did: while the host's calls keep coming they wait (the
     tables answer queries meanwhile), and they are computed once the calls pause."""
     store = ResponseStore(tmp_path)
     saved = store.save_text("t", json.dumps([{"id": i, "city": "Seoul"} for i in range(500)]), "json")
-    with _CallsEvery():
-        converting = query.warm(saved.path, "json", "erin")
-        assert query.tables_within(saved.path, 30) is not None  # the tables: at once
-        assert not _profiled_within(saved.path, 1.5), "the profiles ran while calls kept coming"
+    calls = host_calls(0.1)
+    converting = query.warm(saved.path, "json", "erin")
+    assert query.tables_within(saved.path, 30) is not None  # the tables: at once
+    assert not _profiled_within(saved.path, 1.5), "the profiles ran while calls kept coming"
+    calls.set()
     assert _profiled_within(saved.path, 30)
     converting.join(30)
 
 
-def test_an_outline_that_asks_gets_the_profiles_without_a_pause(tmp_path: Path) -> None:
+def test_an_outline_that_asks_gets_the_profiles_without_a_pause(tmp_path: Path, host_calls: Any) -> None:
     store = ResponseStore(tmp_path)
     saved = store.save_text("t", json.dumps([{"id": i, "city": "Seoul"} for i in range(500)]), "json")
-    with _CallsEvery():
-        converting = query.warm(saved.path, "json", "erin")
-        assert query.tables_within(saved.path, 30) is not None
-        outline = Explorer(store).outline(Args({"path": saved.id}, "t"), 2000)
-        assert "profiles are being computed" in outline["tables"]
-        assert _profiled_within(saved.path, 30)
-        outline = Explorer(store).outline(Args({"path": saved.id}, "t"), 2000)
-        assert [t["table"] for t in outline["tables"]] == ["items", "doc"]
+    host_calls(0.1)
+    converting = query.warm(saved.path, "json", "erin")
+    assert query.tables_within(saved.path, 30) is not None
+    outline = Explorer(store).outline(Args({"path": saved.id}, "t"), 2000)
+    assert "profiles are being computed" in outline["tables"]
+    assert _profiled_within(saved.path, 30)
+    outline = Explorer(store).outline(Args({"path": saved.id}, "t"), 2000)
+    assert [t["table"] for t in outline["tables"]] == ["items", "doc"]
     converting.join(30)
 
 
-def test_a_gateway_started_anew_gets_the_profiles_its_first_outline_asks_for(tmp_path: Path) -> None:
+def test_a_gateway_started_anew_gets_the_profiles_its_first_outline_asks_for(tmp_path: Path, host_calls: Any) -> None:
     """A gateway per task: the tables were made by an earlier one (no profiles: it ended first); the new
     one's first outline starts the profiles at once, though the host's calls keep coming."""
     store = ResponseStore(tmp_path)
@@ -935,10 +917,10 @@ def test_a_gateway_started_anew_gets_the_profiles_its_first_outline_asks_for(tmp
     query.loaded(saved.path, "json", "erin")
     for cache in (query._LOADED, query._TABLES):  # what a process that just started knows
         cache.clear()
-    with _CallsEvery():
-        outline = Explorer(store).outline(Args({"path": saved.id}, "t"), 2000)
-        assert isinstance(outline["tables"], str)  # being prepared: not there yet
-        assert _profiled_within(saved.path, 10)
+    host_calls(0.1)
+    outline = Explorer(store).outline(Args({"path": saved.id}, "t"), 2000)
+    assert isinstance(outline["tables"], str)  # being prepared: not there yet
+    assert _profiled_within(saved.path, 10)
 
 
 def test_a_database_kept_open_where_no_links_can_be_made(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
